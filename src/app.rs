@@ -1,0 +1,160 @@
+//! The composition root: builds the store, the upstream client and the two
+//! wings from a validated config, binds the listeners and runs them until
+//! shutdown. Nothing imports this module; it imports everything.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Validated;
+use crate::locks::{self, Locks};
+use crate::proxy::{Upstream, UpstreamSettings};
+use crate::server::router::{AdminRouter, ProxyRouter};
+use crate::server::{self, ConnSettings};
+use crate::store::{self, PoolSettings};
+use crate::versioning::{self, Versioning};
+
+/// Why lockstep could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot open the database: {0}")]
+    Database(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Runs lockstep until `shutdown` resolves, then drains and returns.
+pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let c = &cfg.config;
+    let ms = std::time::Duration::from_millis;
+
+    let store = store::connect(
+        &c.database.url,
+        &PoolSettings {
+            max_connections: c.database.max_connections,
+            acquire_timeout: ms(c.database.acquire_timeout_ms),
+        },
+    )
+    .await
+    .map_err(|e| RunError::Database(crate::error::chain(&e)))?;
+
+    let upstream = Upstream::new(&UpstreamSettings {
+        url: cfg.upstream.clone(),
+        connect_timeout: ms(c.upstream.connect_timeout_ms),
+        request_timeout: ms(c.upstream.request_timeout_ms),
+        pool_idle_timeout: ms(c.upstream.pool_idle_timeout_ms),
+        pool_max_idle_per_host: c.upstream.pool_max_idle_per_host,
+    });
+    let resources = Arc::new(cfg.resources.clone());
+    let versioning = Versioning::new(
+        store.clone(),
+        upstream.clone(),
+        resources.clone(),
+        versioning::Settings {
+            body_field: c.versioning.body_field.clone(),
+            require_precondition: c.versioning.require_precondition,
+            conflict_status: c.versioning.conflict_status,
+            write_lease: ms(c.versioning.write_lease_ms),
+            write_wait: ms(c.versioning.write_wait_ms),
+            max_body_bytes: c.server.max_body_bytes,
+        },
+    );
+    let lock_settings = locks::Settings {
+        default_ttl_ms: c.locks.default_ttl_ms,
+        min_ttl_ms: c.locks.min_ttl_ms,
+        max_ttl_ms: c.locks.max_ttl_ms,
+        max_wait_ms: c.locks.max_wait_ms,
+        warn_held_fraction: c.locks.warn_held_fraction,
+        sweep_interval: ms(c.locks.sweep_interval_ms),
+        retention: ms(c.locks.retention_ms),
+    };
+    let locks = Locks::new(store.clone(), lock_settings.clone());
+
+    let proxy_router = ProxyRouter {
+        resources,
+        versioning,
+        upstream,
+        locks: locks.clone(),
+        lock_prefix: (!c.locks.proxy_prefix.is_empty())
+            .then(|| Arc::from(c.locks.proxy_prefix.as_str())),
+        proto: "http",
+    };
+    let engine = store.engine();
+    let admin_router = AdminRouter {
+        store: store.clone(),
+        locks,
+        metrics: Arc::new(move || {
+            format!(
+                "# HELP lockstep_up Whether lockstep is running.\n# TYPE lockstep_up gauge\nlockstep_up{{engine=\"{engine}\"}} 1\n"
+            )
+        }),
+    };
+
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind { addr, source })
+    };
+    let proxy_listener = bind(cfg.listen).await?;
+    let admin_listener = bind(cfg.admin_listen).await?;
+    let proxy_addr = proxy_listener
+        .local_addr()
+        .map_err(|source| RunError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| RunError::Bind {
+            addr: cfg.admin_listen,
+            source,
+        })?;
+
+    let conn = ConnSettings {
+        max_header_bytes: c.server.max_header_bytes,
+        header_read_timeout: ms(c.server.header_read_timeout_ms),
+        idle_timeout: ms(c.server.idle_timeout_ms),
+        max_connections: c.server.max_connections,
+        drain_timeout: ms(c.server.drain_timeout_ms),
+    };
+    let stop = CancellationToken::new();
+    let proxy = tokio::spawn(server::serve(
+        "proxy",
+        proxy_listener,
+        proxy_router,
+        conn.clone(),
+        stop.clone(),
+    ));
+    let admin = tokio::spawn(server::serve(
+        "admin",
+        admin_listener,
+        admin_router,
+        conn,
+        stop.clone(),
+    ));
+    let sweeper = tokio::spawn(locks::sweeper(store.clone(), lock_settings, stop.clone()));
+
+    tracing::info!(
+        proxy = %proxy_addr,
+        admin = %admin_addr,
+        upstream = %cfg.upstream,
+        database = engine,
+        "listening"
+    );
+
+    shutdown.await;
+    tracing::info!(
+        drain_timeout_ms = c.server.drain_timeout_ms,
+        "shutting down: no new connections, draining in-flight requests"
+    );
+    stop.cancel();
+    let _ = tokio::join!(proxy, admin, sweeper);
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! Body types shared by every module, and the one place that buffers a body
+//! up to a limit.
+//!
+//! Why a boxed body: the proxy answers with streamed upstream bodies,
+//! buffered-and-rewritten JSON, and small problem documents; one boxed type
+//! keeps the request path free of generic plumbing at the cost of one
+//! allocation per response.
+
+use bytes::{Bytes, BytesMut};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of every response lockstep sends and every request it forwards.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+pub fn empty() -> Body {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// Wraps any body whose errors convert into [`BoxError`].
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed()
+}
+
+/// What [`buffer_up_to`] found.
+pub enum Buffered {
+    /// The whole body, within the limit.
+    Complete(Bytes),
+    /// The body is over the limit: `prefix` holds what was read, `rest` the
+    /// remainder, so the caller may still stream it on unchanged.
+    TooLarge { prefix: Bytes, rest: Body },
+}
+
+/// Reads `body` into memory while it stays within `limit` bytes. Over the
+/// limit it stops reading at once (a huge upload is never buffered).
+/// Trailers are dropped; lockstep only buffers JSON documents.
+pub async fn buffer_up_to(mut body: Body, limit: u64) -> Result<Buffered, BoxError> {
+    if body.size_hint().lower() > limit {
+        return Ok(Buffered::TooLarge {
+            prefix: Bytes::new(),
+            rest: body,
+        });
+    }
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data);
+            if buf.len() as u64 > limit {
+                return Ok(Buffered::TooLarge {
+                    prefix: buf.freeze(),
+                    rest: body,
+                });
+            }
+        }
+    }
+    Ok(Buffered::Complete(buf.freeze()))
+}
+
+/// A body that yields `prefix` and then everything left in `rest`.
+pub fn chain(prefix: Bytes, rest: Body) -> Body {
+    if prefix.is_empty() {
+        return rest;
+    }
+    Prefixed {
+        prefix: Some(prefix),
+        rest,
+    }
+    .boxed()
+}
+
+struct Prefixed {
+    prefix: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let extra = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + extra);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + extra);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn small_bodies_are_buffered_whole() {
+        match buffer_up_to(full("hello"), 5).await.unwrap() {
+            Buffered::Complete(b) => assert_eq!(&b[..], b"hello"),
+            Buffered::TooLarge { .. } => panic!("within the limit"),
+        }
+    }
+
+    #[tokio::test]
+    async fn large_bodies_stop_at_the_limit_and_can_still_be_streamed() {
+        match buffer_up_to(full("hello world"), 5).await.unwrap() {
+            Buffered::Complete(_) => panic!("over the limit"),
+            Buffered::TooLarge { prefix, rest } => {
+                let all = chain(prefix, rest).collect().await.unwrap().to_bytes();
+                assert_eq!(&all[..], b"hello world");
+            }
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! Typed configuration: TOML file, overlaid by `LOCKSTEP_<SECTION>__<KEY>`
+//! environment variables, overlaid by command-line flags, then validated.
+//!
+//! Why one validated struct: every other module receives plain, already
+//! checked values (durations, socket addresses, a parsed upstream URL), so
+//! nothing on the request path ever has to deal with a bad setting. Unknown
+//! keys are errors (`deny_unknown_fields`) because a misspelt key silently
+//! falling back to a default is how a proxy ends up in production with the
+//! wrong timeout. The environment is passed in as an iterator so tests never
+//! touch the process environment.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::resources::ResourceMap;
+
+/// The whole configuration, as read from the file and overlays.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub database: DatabaseConfig,
+    pub versioning: VersioningConfig,
+    pub locks: LocksConfig,
+    pub log: LogConfig,
+    pub resources: Vec<ResourceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub admin_listen: String,
+    pub drain_timeout_ms: u64,
+    pub max_body_bytes: u64,
+    pub max_header_bytes: usize,
+    pub header_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "0.0.0.0:9090".into(),
+            drain_timeout_ms: 25_000,
+            max_body_bytes: 1_048_576,
+            max_header_bytes: 65_536,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    pub url: String,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub pool_idle_timeout_ms: u64,
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:3000".into(),
+            connect_timeout_ms: 2_000,
+            request_timeout_ms: 15_000,
+            pool_idle_timeout_ms: 90_000,
+            pool_max_idle_per_host: 256,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    pub url: String,
+    pub max_connections: u32,
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://lockstep.db".into(),
+            max_connections: 16,
+            acquire_timeout_ms: 3_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VersioningConfig {
+    pub body_field: String,
+    pub require_precondition: bool,
+    pub conflict_status: u16,
+    pub write_lease_ms: u64,
+    pub write_wait_ms: u64,
+}
+
+impl Default for VersioningConfig {
+    fn default() -> Self {
+        Self {
+            body_field: "version".into(),
+            require_precondition: false,
+            conflict_status: 409,
+            write_lease_ms: 20_000,
+            write_wait_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocksConfig {
+    pub default_ttl_ms: Option<u64>,
+    pub min_ttl_ms: u64,
+    pub max_ttl_ms: u64,
+    pub max_wait_ms: u64,
+    pub proxy_prefix: String,
+    pub warn_held_fraction: f64,
+    pub sweep_interval_ms: u64,
+    pub retention_ms: u64,
+}
+
+impl Default for LocksConfig {
+    fn default() -> Self {
+        Self {
+            default_ttl_ms: None,
+            min_ttl_ms: 100,
+            max_ttl_ms: 3_600_000,
+            max_wait_ms: 30_000,
+            proxy_prefix: String::new(),
+            warn_held_fraction: 0.8,
+            sweep_interval_ms: 60_000,
+            retention_ms: 3_600_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    pub pattern: String,
+    #[serde(default)]
+    pub collection: Option<String>,
+}
+
+/// Values given on the command line; they win over file and environment.
+#[derive(Debug, Clone, Default)]
+pub struct FlagOverrides {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub upstream: Option<String>,
+    pub database: Option<String>,
+}
+
+/// A configuration problem, with enough context to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid environment variable {name}: {message}")]
+    Env { name: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Where the file came from: an explicit `--config` must exist, the default
+/// path may be absent (then built-in defaults apply).
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    pub path: PathBuf,
+    pub explicit: bool,
+}
+
+impl Config {
+    /// Reads, overlays and validates. `env` is the process environment (or a
+    /// test's stand-in); only `LOCKSTEP_*__*` names are looked at.
+    pub fn load(
+        source: &ConfigSource,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &FlagOverrides,
+    ) -> Result<Validated, ConfigError> {
+        let text = match std::fs::read_to_string(&source.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !source.explicit => String::new(),
+            Err(source_err) => {
+                return Err(ConfigError::Read {
+                    path: source.path.clone(),
+                    source: source_err,
+                })
+            }
+        };
+        Self::from_toml_str(&text, &source.path, env, flags)
+    }
+
+    /// Same as [`Config::load`] on text already in memory.
+    pub fn from_toml_str(
+        text: &str,
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &FlagOverrides,
+    ) -> Result<Validated, ConfigError> {
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+        apply_env(&mut table, env)?;
+        let mut config: Config =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string().trim().to_string(),
+                })?;
+        if let Some(v) = &flags.listen {
+            config.server.listen.clone_from(v);
+        }
+        if let Some(v) = &flags.admin_listen {
+            config.server.admin_listen.clone_from(v);
+        }
+        if let Some(v) = &flags.upstream {
+            config.upstream.url.clone_from(v);
+        }
+        if let Some(v) = &flags.database {
+            config.database.url.clone_from(v);
+        }
+        config.validate()
+    }
+
+    /// Checks every value and combination; returns the checked form.
+    pub fn validate(self) -> Result<Validated, ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let listen = parse_addr("server.listen", &self.server.listen)?;
+        let admin_listen = parse_addr("server.admin_listen", &self.server.admin_listen)?;
+        if self.server.max_body_bytes == 0 {
+            return invalid("server.max_body_bytes must be greater than 0".into());
+        }
+        if self.server.max_header_bytes < 8192 {
+            return invalid("server.max_header_bytes must be at least 8192".into());
+        }
+        let upstream: http::Uri = self.upstream.url.parse().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "upstream.url {:?} is not a URL: {e}",
+                self.upstream.url
+            ))
+        })?;
+        match upstream.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return invalid(format!(
+                    "upstream.url {:?}: https upstreams are not supported yet; use http://",
+                    self.upstream.url
+                ))
+            }
+            _ => {
+                return invalid(format!(
+                    "upstream.url {:?} must start with http://",
+                    self.upstream.url
+                ))
+            }
+        }
+        if upstream.authority().is_none() {
+            return invalid(format!("upstream.url {:?} has no host", self.upstream.url));
+        }
+        if upstream.path() != "/" && !upstream.path().is_empty() {
+            return invalid(format!(
+                "upstream.url {:?} must not carry a path; requests keep their own path",
+                self.upstream.url
+            ));
+        }
+        if self.upstream.connect_timeout_ms == 0 || self.upstream.request_timeout_ms == 0 {
+            return invalid(
+                "upstream.connect_timeout_ms and upstream.request_timeout_ms must be > 0".into(),
+            );
+        }
+        let db = &self.database.url;
+        if !(db.starts_with("sqlite:")
+            || db.starts_with("postgres://")
+            || db.starts_with("postgresql://"))
+        {
+            return invalid(format!(
+                "database.url {db:?} must be sqlite://PATH, sqlite::memory: or postgres://…"
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return invalid("database.max_connections must be > 0".into());
+        }
+        let v = &self.versioning;
+        if v.conflict_status != 409 && v.conflict_status != 412 {
+            return invalid(format!(
+                "versioning.conflict_status must be 409 or 412, not {}",
+                v.conflict_status
+            ));
+        }
+        if v.write_lease_ms <= self.upstream.request_timeout_ms {
+            return invalid(format!(
+                "versioning.write_lease_ms ({}) must be greater than upstream.request_timeout_ms ({}): \
+                 a write lease that ran out while the backend still works on the write would let a second write race it",
+                v.write_lease_ms, self.upstream.request_timeout_ms
+            ));
+        }
+        if v.body_field.contains(['"', '\\']) || v.body_field.chars().any(char::is_control) {
+            return invalid(format!(
+                "versioning.body_field {:?} must be a plain JSON member name",
+                v.body_field
+            ));
+        }
+        let l = &self.locks;
+        if l.min_ttl_ms == 0 || l.min_ttl_ms > l.max_ttl_ms {
+            return invalid(format!(
+                "locks.min_ttl_ms ({}) must be > 0 and <= locks.max_ttl_ms ({})",
+                l.min_ttl_ms, l.max_ttl_ms
+            ));
+        }
+        if let Some(d) = l.default_ttl_ms {
+            if d < l.min_ttl_ms || d > l.max_ttl_ms {
+                return invalid(format!(
+                    "locks.default_ttl_ms ({d}) must lie within [locks.min_ttl_ms, locks.max_ttl_ms] = [{}, {}]",
+                    l.min_ttl_ms, l.max_ttl_ms
+                ));
+            }
+        }
+        if !(l.warn_held_fraction > 0.0 && l.warn_held_fraction <= 1.0) {
+            return invalid(format!(
+                "locks.warn_held_fraction ({}) must lie in (0, 1]",
+                l.warn_held_fraction
+            ));
+        }
+        if l.sweep_interval_ms == 0 {
+            return invalid("locks.sweep_interval_ms must be > 0".into());
+        }
+        if !l.proxy_prefix.is_empty()
+            && (!l.proxy_prefix.starts_with('/') || l.proxy_prefix.ends_with('/'))
+        {
+            return invalid(format!(
+                "locks.proxy_prefix {:?} must start with '/' and not end with '/' (e.g. \"/_lockstep\")",
+                l.proxy_prefix
+            ));
+        }
+        let level = self.log.level.clone();
+        if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
+            return invalid(format!(
+                "log.level {level:?} is not a valid level or filter"
+            ));
+        }
+        let resources = ResourceMap::new(&self.resources).map_err(ConfigError::Invalid)?;
+        Ok(Validated {
+            listen,
+            admin_listen,
+            upstream,
+            resources,
+            config: self,
+        })
+    }
+}
+
+/// A configuration that passed [`Config::validate`], with parsed values.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub config: Config,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub upstream: http::Uri,
+    pub resources: ResourceMap,
+}
+
+impl Validated {
+    pub fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+}
+
+fn parse_addr(name: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|_| {
+        ConfigError::Invalid(format!(
+            "{name} {value:?} is not an IP:PORT socket address (e.g. \"0.0.0.0:8080\")"
+        ))
+    })
+}
+
+/// Applies `LOCKSTEP_<SECTION>__<KEY>=value` onto the parsed file. The value
+/// is read as a TOML value when it parses as one (numbers, booleans), else
+/// as a string, so `LOCKSTEP_SERVER__LISTEN=0.0.0.0:80` needs no quoting.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in env {
+        if name.starts_with("LOCKSTEP_") && name.contains("__") {
+            vars.insert(name, value);
+        }
+    }
+    for (name, raw) in vars {
+        let rest = &name["LOCKSTEP_".len()..];
+        let Some((section, key)) = rest.split_once("__") else {
+            continue;
+        };
+        if section.is_empty() || key.is_empty() || key.contains("__") {
+            return Err(ConfigError::Env {
+                name,
+                message: "expected LOCKSTEP_<SECTION>__<KEY>".into(),
+            });
+        }
+        let section = section.to_ascii_lowercase();
+        let key = key.to_ascii_lowercase();
+        let value = parse_env_value(&raw);
+        let entry = table
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(section_table) = entry.as_table_mut() else {
+            return Err(ConfigError::Env {
+                name,
+                message: format!("[{section}] is not a table"),
+            });
+        };
+        section_table.insert(key, value);
+    }
+    Ok(())
+}
+
+fn parse_env_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match doc.parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Validated, ConfigError> {
+        Config::from_toml_str(
+            text,
+            Path::new("test.toml"),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+            &FlagOverrides::default(),
+        )
+    }
+
+    #[test]
+    fn empty_file_gives_spec_defaults() {
+        let c = load("", &[]).unwrap();
+        assert_eq!(c.listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.admin_listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(c.config.server.drain_timeout_ms, 25_000);
+        assert_eq!(c.config.server.max_body_bytes, 1_048_576);
+        assert_eq!(c.config.upstream.request_timeout_ms, 15_000);
+        assert_eq!(c.config.versioning.body_field, "version");
+        assert_eq!(c.config.versioning.write_lease_ms, 20_000);
+        assert_eq!(c.config.database.url, "sqlite://lockstep.db");
+        assert_eq!(c.config.locks.default_ttl_ms, None);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let e = load("[server]\nlisten_addr = \"x\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("listen_addr"), "{e}");
+        let e = load("[nope]\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_file_and_flags_override_env() {
+        let c = load(
+            "[server]\nlisten = \"127.0.0.1:1\"\n",
+            &[
+                ("LOCKSTEP_SERVER__LISTEN", "127.0.0.1:2"),
+                ("LOCKSTEP_VERSIONING__REQUIRE_PRECONDITION", "true"),
+                ("LOCKSTEP_UPSTREAM__REQUEST_TIMEOUT_MS", "1000"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:2");
+        assert!(c.config.versioning.require_precondition);
+        assert_eq!(c.config.upstream.request_timeout_ms, 1000);
+
+        let flags = FlagOverrides {
+            listen: Some("127.0.0.1:3".into()),
+            ..Default::default()
+        };
+        let c = Config::from_toml_str(
+            "",
+            Path::new("t"),
+            [(
+                "LOCKSTEP_SERVER__LISTEN".to_string(),
+                "127.0.0.1:2".to_string(),
+            )],
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:3");
+    }
+
+    #[test]
+    fn unknown_env_key_is_an_error() {
+        let e = load("", &[("LOCKSTEP_SERVER__LISTN", "x")]).unwrap_err();
+        assert!(e.to_string().contains("listn"), "{e}");
+    }
+
+    #[test]
+    fn impossible_values_are_rejected_with_a_reason() {
+        let cases = [
+            ("[versioning]\nwrite_lease_ms = 1000\n", "write_lease_ms"),
+            ("[versioning]\nconflict_status = 400\n", "conflict_status"),
+            ("[server]\nlisten = \"nope\"\n", "server.listen"),
+            ("[upstream]\nurl = \"ftp://x\"\n", "upstream.url"),
+            ("[upstream]\nurl = \"http://x/base\"\n", "path"),
+            ("[database]\nurl = \"mysql://x\"\n", "database.url"),
+            ("[locks]\nmin_ttl_ms = 10\nmax_ttl_ms = 5\n", "min_ttl_ms"),
+            ("[locks]\ndefault_ttl_ms = 1\n", "default_ttl_ms"),
+            ("[locks]\nproxy_prefix = \"x\"\n", "proxy_prefix"),
+            ("[log]\nformat = \"xml\"\n", "format"),
+            ("[[resources]]\npattern = \"articles/{id}\"\n", "pattern"),
+            ("[[resources]]\npattern = \"/a/{id\"\n", "pattern"),
+        ];
+        for (text, needle) in cases {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?} -> {e}");
+        }
+    }
+}

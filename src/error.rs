@@ -1,0 +1,90 @@
+//! The one error type of lockstep, classified by who is at fault: the client
+//! (4xx), the upstream (502/504), or the store (503). `problem.rs` turns each
+//! variant into an RFC 9457 response in a single exhaustive `match`, so a new
+//! variant cannot ship without a status.
+
+use crate::resources::PathError;
+
+/// A lock as shown in a conflict: who holds it and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    pub resource: String,
+    pub owner: String,
+    pub fencing_token: i64,
+    pub acquired_at_ms: i64,
+    pub expires_at_ms: i64,
+    /// Milliseconds until it expires, by the database's clock.
+    pub remaining_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // ---- the client's request is wrong (4xx) ----
+    #[error("{0}")]
+    InvalidPrecondition(String),
+    #[error("{0}")]
+    InvalidBody(String),
+    #[error("{0}")]
+    InvalidPath(#[from] PathError),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("this write carries no version: send If-Match: \"<version>\" or a body field with the version you read")]
+    PreconditionRequired,
+    #[error("the resource is at version {current_version}; the write expected {expected}")]
+    Conflict {
+        current_version: i64,
+        expected: String,
+        /// 409 or 412, as configured.
+        status: u16,
+    },
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: u64 },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    MethodNotAllowed(&'static str),
+    #[error("lock {} is held by another owner until it expires or is released", .0.resource)]
+    LockHeld(Box<HeldLock>),
+    #[error("{detail}")]
+    LockConflict { detail: String },
+
+    // ---- a write on the same resource is still in flight (503) ----
+    #[error("another write to this resource is in progress; retry after {retry_after_s} s")]
+    WriteInProgress {
+        current_version: i64,
+        retry_after_s: u64,
+    },
+
+    // ---- the upstream failed (502/504) ----
+    #[error("{0}")]
+    BadGateway(String),
+    #[error("the backend did not answer within {timeout_ms} ms")]
+    GatewayTimeout { timeout_ms: u64 },
+
+    // ---- the store failed (503) ----
+    #[error("the version and lock store is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Unavailable(e)
+    }
+}
+
+/// "outer: inner: innermost": the top-level messages of hyper and sqlx
+/// alone are vague.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

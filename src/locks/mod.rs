@@ -1,0 +1,452 @@
+//! The lock wing: the HTTP lock API (`/locks/{resource}`) over the store's
+//! [`LockStore`], plus the sweeper that keeps the table bounded.
+//!
+//! Every decision (who holds, until when, which token) is one statement in
+//! the database with the database's clock; this module only validates input,
+//! waits when asked to, shapes responses and writes the log lines that prove
+//! who held what.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use percent_encoding::percent_decode_str;
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{self, Body, Buffered};
+use crate::error::{Error, HeldLock, Result};
+use crate::problem;
+use crate::store::wake::Topic;
+use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
+use crate::timefmt::rfc3339_ms;
+
+/// Longest resource name and owner, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+/// Largest lock request body.
+const MAX_LOCK_BODY: u64 = 16 * 1024;
+
+/// Settings of the wing, from `[locks]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub default_ttl_ms: Option<u64>,
+    pub min_ttl_ms: u64,
+    pub max_ttl_ms: u64,
+    pub max_wait_ms: u64,
+    pub warn_held_fraction: f64,
+    pub sweep_interval: Duration,
+    pub retention: Duration,
+}
+
+/// The lock service. Cheap to clone.
+#[derive(Clone)]
+pub struct Locks {
+    store: Arc<dyn Store>,
+    settings: Arc<Settings>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LockBody {
+    owner: Option<serde_json::Value>,
+    ttl_ms: Option<serde_json::Value>,
+}
+
+impl Locks {
+    pub fn new(store: Arc<dyn Store>, settings: Settings) -> Self {
+        Self {
+            store,
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// Answers `METHOD /locks/{raw_resource}`; `raw_resource` is the path
+    /// after `/locks/`, still percent-encoded.
+    pub async fn handle(&self, req: Request<Incoming>, raw_resource: &str) -> Response<Body> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let result = match parse_resource(raw_resource) {
+            Err(e) => Err(e),
+            Ok(resource) => match method {
+                Method::POST => self.acquire(req, &resource, started).await,
+                Method::GET | Method::HEAD => self.get(&resource).await,
+                Method::DELETE => self.release(req, &resource).await,
+                Method::PATCH => self.renew(req, &resource).await,
+                _ => Err(Error::MethodNotAllowed("GET, HEAD, POST, PATCH, DELETE")),
+            },
+        };
+        match result {
+            Ok(resp) => resp,
+            Err(e) => {
+                if let Error::Unavailable(source) = &e {
+                    tracing::error!(error = %crate::error::chain(source), "lock store unavailable");
+                }
+                problem::response(&e)
+            }
+        }
+    }
+
+    async fn acquire(
+        &self,
+        req: Request<Incoming>,
+        resource: &str,
+        started: Instant,
+    ) -> Result<Response<Body>> {
+        let wait = self.wait_of(req.uri().query())?;
+        let body = read_body(req).await?;
+        let owner = owner_of(&body)?;
+        let ttl = self.ttl_of(&body)?;
+        let deadline = started + wait;
+        let mut waiter = self.store.wakeups().subscribe(Topic::Lock, resource);
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            match self.store.acquire(resource, &owner, ttl).await? {
+                Acquire::Granted { lock, kind } => {
+                    let waited_ms = started.elapsed().as_millis() as u64;
+                    match &kind {
+                        GrantKind::Reclaimed {
+                            previous_owner,
+                            expired_for_ms,
+                        } => tracing::info!(
+                            target: "lockstep::locks",
+                            event = "reclaim",
+                            resource, owner = %owner, previous_owner = %previous_owner,
+                            expired_for_ms, fencing_token = lock.fencing_token,
+                            ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
+                            "lock reclaimed from an expired holder"
+                        ),
+                        GrantKind::Refreshed => tracing::info!(
+                            target: "lockstep::locks",
+                            event = "refresh",
+                            resource, owner = %owner, fencing_token = lock.fencing_token,
+                            ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
+                            "lock re-acquired by its holder"
+                        ),
+                        GrantKind::New => tracing::info!(
+                            target: "lockstep::locks",
+                            event = "acquire",
+                            resource, owner = %owner, fencing_token = lock.fencing_token,
+                            ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
+                            "lock acquired"
+                        ),
+                    }
+                    return Ok(lock_response(StatusCode::OK, &lock, Some(true)));
+                }
+                Acquire::Held(holder) => {
+                    let now = Instant::now();
+                    let remaining = Duration::from_millis(
+                        u64::try_from(holder.expires_at_ms - holder.now_ms).unwrap_or(0),
+                    );
+                    if now >= deadline {
+                        tracing::info!(
+                            target: "lockstep::locks",
+                            event = "conflict",
+                            resource, owner = %owner, holder = %holder.owner,
+                            fencing_token = holder.fencing_token,
+                            wait_ms = started.elapsed().as_millis() as u64,
+                            "lock held by another owner"
+                        );
+                        return Err(Error::LockHeld(Box::new(held(&holder))));
+                    }
+                    // Woken by a release on this replica, by expiry, or by
+                    // the bounded re-check for releases elsewhere.
+                    let nap = backoff
+                        .min(deadline - now)
+                        .min(remaining + Duration::from_millis(1));
+                    waiter.changed(nap).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    async fn get(&self, resource: &str) -> Result<Response<Body>> {
+        match self.store.get(resource).await? {
+            Some(lock) => Ok(lock_response(StatusCode::OK, &lock, None)),
+            None => Err(Error::NotFound(format!("no live lock on {resource:?}"))),
+        }
+    }
+
+    async fn release(&self, req: Request<Incoming>, resource: &str) -> Result<Response<Body>> {
+        let owner = req
+            .headers()
+            .get("lock-owner")
+            .ok_or_else(|| {
+                Error::InvalidRequest("DELETE needs a Lock-Owner header naming the holder".into())
+            })?
+            .to_str()
+            .map_err(|_| Error::InvalidRequest("Lock-Owner must be visible ASCII".into()))?
+            .to_string();
+        check_name("Lock-Owner", &owner)?;
+        match self.store.release(resource, &owner).await? {
+            LockChange::Done(lock) => {
+                let held_ms = lock.now_ms - lock.acquired_at_ms;
+                let ttl_ms = (lock.expires_at_ms - lock.acquired_at_ms).max(1);
+                let fraction = held_ms as f64 / ttl_ms as f64;
+                if fraction > self.settings.warn_held_fraction {
+                    tracing::warn!(
+                        target: "lockstep::locks",
+                        event = "release",
+                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        held_ms, ttl_ms, held_fraction = fraction,
+                        "lock released after holding most of its TTL"
+                    );
+                } else {
+                    tracing::info!(
+                        target: "lockstep::locks",
+                        event = "release",
+                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        held_ms,
+                        "lock released"
+                    );
+                }
+                let mut resp = Response::new(body::empty());
+                *resp.status_mut() = StatusCode::NO_CONTENT;
+                Ok(resp)
+            }
+            LockChange::OtherOwner(lock) => Err(Error::Forbidden(format!(
+                "lock {resource:?} is held by another owner ({:?}); only its holder may release it",
+                lock.owner
+            ))),
+            LockChange::Missing { expired } => {
+                if let Some(lock) = expired.filter(|l| l.owner == owner) {
+                    tracing::warn!(
+                        target: "lockstep::locks",
+                        event = "release-expired",
+                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        held_ms = lock.now_ms - lock.acquired_at_ms,
+                        expired_for_ms = lock.now_ms - lock.expires_at_ms,
+                        "lock released after its TTL had expired"
+                    );
+                    return Err(Error::NotFound(format!(
+                        "your lock on {resource:?} expired {} ms ago; another owner may have held it since",
+                        lock.now_ms - lock.expires_at_ms
+                    )));
+                }
+                Err(Error::NotFound(format!("no live lock on {resource:?}")))
+            }
+        }
+    }
+
+    async fn renew(&self, req: Request<Incoming>, resource: &str) -> Result<Response<Body>> {
+        let body = read_body(req).await?;
+        let owner = owner_of(&body)?;
+        let ttl = self.ttl_of(&body)?;
+        match self.store.renew(resource, &owner, ttl).await? {
+            LockChange::Done(lock) => {
+                tracing::info!(
+                    target: "lockstep::locks",
+                    event = "renew",
+                    resource, owner = %owner, fencing_token = lock.fencing_token,
+                    ttl_ms = ttl.as_millis() as u64,
+                    "lock renewed"
+                );
+                Ok(lock_response(StatusCode::OK, &lock, None))
+            }
+            LockChange::OtherOwner(lock) => Err(Error::LockHeld(Box::new(held(&lock)))),
+            LockChange::Missing {
+                expired: Some(lock),
+            } => {
+                if lock.owner == owner {
+                    tracing::warn!(
+                        target: "lockstep::locks",
+                        event = "renew-expired",
+                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        expired_for_ms = lock.now_ms - lock.expires_at_ms,
+                        "renew of a lock whose TTL had expired"
+                    );
+                }
+                Err(Error::LockConflict {
+                    detail: format!(
+                        "the lock on {resource:?} expired {} ms ago; acquire it again",
+                        lock.now_ms - lock.expires_at_ms
+                    ),
+                })
+            }
+            LockChange::Missing { expired: None } => {
+                Err(Error::NotFound(format!("no lock on {resource:?} to renew")))
+            }
+        }
+    }
+
+    fn wait_of(&self, query: Option<&str>) -> Result<Duration> {
+        let mut wait = 0;
+        for pair in query.unwrap_or("").split('&') {
+            if let Some(v) = pair.strip_prefix("wait_ms=") {
+                wait = v.parse::<u64>().map_err(|_| {
+                    Error::InvalidRequest(format!(
+                        "wait_ms must be a non-negative integer, not {v:?}"
+                    ))
+                })?;
+            }
+        }
+        Ok(Duration::from_millis(wait.min(self.settings.max_wait_ms)))
+    }
+
+    fn ttl_of(&self, body: &LockBody) -> Result<Duration> {
+        let s = &self.settings;
+        let ttl = match &body.ttl_ms {
+            None | Some(serde_json::Value::Null) => s.default_ttl_ms.ok_or_else(|| {
+                Error::InvalidBody(
+                    "ttl_ms is required (no locks.default_ttl_ms is configured)".into(),
+                )
+            })?,
+            Some(v) => v.as_u64().ok_or_else(|| {
+                Error::InvalidBody(format!(
+                    "ttl_ms must be a positive integer of milliseconds, not {v}"
+                ))
+            })?,
+        };
+        if ttl < s.min_ttl_ms || ttl > s.max_ttl_ms {
+            return Err(Error::InvalidBody(format!(
+                "ttl_ms {ttl} is outside [{}, {}]",
+                s.min_ttl_ms, s.max_ttl_ms
+            )));
+        }
+        Ok(Duration::from_millis(ttl))
+    }
+}
+
+/// Removes long-expired rows every `sweep_interval` until `shutdown`.
+pub async fn sweeper(store: Arc<dyn Store>, settings: Settings, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(settings.sweep_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        match store.sweep(settings.retention, 1000).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(target: "lockstep::locks", removed = n, "swept expired lock rows")
+            }
+            Err(e) => tracing::warn!(error = %e, "lock sweep failed"),
+        }
+    }
+}
+
+fn held(lock: &LockRecord) -> HeldLock {
+    HeldLock {
+        resource: lock.resource.clone(),
+        owner: lock.owner.clone(),
+        fencing_token: lock.fencing_token,
+        acquired_at_ms: lock.acquired_at_ms,
+        expires_at_ms: lock.expires_at_ms,
+        remaining_ms: lock.expires_at_ms - lock.now_ms,
+    }
+}
+
+fn lock_response(status: StatusCode, lock: &LockRecord, acquired: Option<bool>) -> Response<Body> {
+    let mut doc = serde_json::Map::new();
+    if let Some(a) = acquired {
+        doc.insert("acquired".into(), json!(a));
+    }
+    doc.insert("resource".into(), json!(lock.resource));
+    doc.insert("owner".into(), json!(lock.owner));
+    doc.insert("fencing_token".into(), json!(lock.fencing_token));
+    doc.insert("acquired_at".into(), json!(rfc3339_ms(lock.acquired_at_ms)));
+    doc.insert("expires_at".into(), json!(rfc3339_ms(lock.expires_at_ms)));
+    let bytes = serde_json::to_vec(&doc).unwrap_or_default();
+    let mut resp = Response::new(body::full(Bytes::from(bytes)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// 1–255 bytes of UTF-8 after percent-decoding, no control characters.
+pub fn parse_resource(raw: &str) -> Result<String> {
+    let decoded = percent_decode_str(raw).decode_utf8().map_err(|_| {
+        Error::InvalidRequest("the lock resource is not valid percent-encoded UTF-8".into())
+    })?;
+    check_name("resource", &decoded)?;
+    Ok(decoded.into_owned())
+}
+
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidRequest(format!("{what} must not be empty")));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidRequest(format!(
+            "{what} is {} bytes long; the limit is {MAX_NAME_BYTES}",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::InvalidRequest(format!(
+            "{what} must not contain control characters"
+        )));
+    }
+    Ok(())
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
+    let bytes = match body::buffer_up_to(body::boxed(req.into_body()), MAX_LOCK_BODY).await {
+        Ok(Buffered::Complete(b)) => b,
+        Ok(Buffered::TooLarge { .. }) => {
+            return Err(Error::PayloadTooLarge {
+                limit: MAX_LOCK_BODY,
+            })
+        }
+        Err(e) => {
+            return Err(Error::InvalidBody(format!(
+                "the request body could not be read: {e}"
+            )))
+        }
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::InvalidBody(
+            r#"expected a JSON object such as {"owner": "worker-a", "ttl_ms": 30000}"#.into(),
+        ));
+    }
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::InvalidBody(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(Error::InvalidBody(
+            "the request body must be a JSON object".into(),
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Error::InvalidBody(format!("invalid lock request: {e}")))
+}
+
+fn owner_of(body: &LockBody) -> Result<String> {
+    match &body.owner {
+        Some(serde_json::Value::String(s)) => {
+            check_name("owner", s).map_err(|e| Error::InvalidBody(e.to_string()))?;
+            Ok(s.clone())
+        }
+        None | Some(serde_json::Value::Null) => Err(Error::InvalidBody("owner is required".into())),
+        Some(_) => Err(Error::InvalidBody("owner must be a string".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn resources_are_decoded_and_checked() {
+        assert_eq!(parse_resource("job:42").unwrap(), "job:42");
+        assert_eq!(
+            parse_resource("order%2F7:fulfill").unwrap(),
+            "order/7:fulfill"
+        );
+        assert_eq!(parse_resource("a/b").unwrap(), "a/b");
+        assert_eq!(parse_resource("caf%C3%A9").unwrap(), "café");
+        assert_eq!(parse_resource(&"x".repeat(255)).unwrap().len(), 255);
+        for bad in ["", "%ff", "a%00b", "a%0Ab", &"x".repeat(256)] {
+            assert!(parse_resource(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The `lockstep` binary: command line, configuration, logging, signals.
+//! Everything else lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use lockstep::config::{Config, ConfigSource, FlagOverrides, Validated};
+
+/// Sidecar reverse proxy: optimistic concurrency and distributed locks for
+/// an unmodified REST API.
+#[derive(Debug, Parser)]
+#[command(name = "lockstep", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the proxy and the admin listener.
+    Serve {
+        /// Configuration file (TOML).
+        #[arg(long, default_value = "config/lockstep.toml")]
+        config: PathBuf,
+        /// Proxy listener address, e.g. 0.0.0.0:8080.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Admin listener address, e.g. 0.0.0.0:9090.
+        #[arg(long)]
+        admin_listen: Option<String>,
+        /// Backend URL, e.g. http://127.0.0.1:3000.
+        #[arg(long)]
+        upstream: Option<String>,
+        /// Database URL: sqlite://PATH, sqlite::memory: or postgres://…
+        #[arg(long)]
+        database: Option<String>,
+    },
+    /// Validate a configuration file and exit (0: valid, 64: invalid).
+    CheckConfig {
+        #[arg(long, default_value = "config/lockstep.toml")]
+        config: PathBuf,
+    },
+}
+
+/// EX_USAGE: the configuration is wrong; nothing was started.
+const EXIT_CONFIG: u8 = 64;
+
+fn load(path: PathBuf, explicit: bool, flags: &FlagOverrides) -> Result<Validated, ExitCode> {
+    let source = ConfigSource { path, explicit };
+    Config::load(&source, std::env::vars(), flags).map_err(|e| {
+        eprintln!("lockstep: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn explicit(path: &std::path::Path) -> bool {
+    // The default path may be absent (built-in defaults apply); any path the
+    // user named must exist.
+    std::env::args().any(|a| a == "--config" || a.starts_with("--config="))
+        || path != std::path::Path::new("config/lockstep.toml")
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { config } => {
+            let explicit = explicit(&config);
+            match load(config.clone(), explicit, &FlagOverrides::default()) {
+                Ok(v) => {
+                    println!(
+                        "{}: ok (proxy {}, admin {}, upstream {}, {} resource pattern(s))",
+                        config.display(),
+                        v.listen,
+                        v.admin_listen,
+                        v.upstream,
+                        v.config.resources.len()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            }
+        }
+        Command::Serve {
+            config,
+            listen,
+            admin_listen,
+            upstream,
+            database,
+        } => {
+            let flags = FlagOverrides {
+                listen,
+                admin_listen,
+                upstream,
+                database,
+            };
+            let explicit = explicit(&config);
+            let validated = match load(config, explicit, &flags) {
+                Ok(v) => v,
+                Err(code) => return code,
+            };
+            lockstep::telemetry::init(&validated.config.log);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("lockstep: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(lockstep::app::run(validated, shutdown_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "lockstep failed");
+                    eprintln!("lockstep: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

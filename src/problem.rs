@@ -1,0 +1,301 @@
+//! RFC 9457 `application/problem+json` responses, and THE mapping from
+//! [`Error`] to status, type token and extension members.
+//!
+//! Why one function: every status lockstep invents is decided here, so the
+//! contract's table of error types can be checked against one `match`, and a
+//! test pins each variant.
+
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::{json, Map, Value};
+
+use crate::body::{self, Body};
+use crate::error::Error;
+use crate::timefmt::rfc3339_ms;
+
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// A problem document before it is serialised.
+#[derive(Debug)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    pub extensions: Map<String, Value>,
+    pub headers: Vec<(header::HeaderName, HeaderValue)>,
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: String,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            title,
+            detail,
+            extensions: Map::new(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn ext(mut self, name: &str, value: Value) -> Self {
+        self.extensions.insert(name.to_string(), value);
+        self
+    }
+
+    fn header(mut self, name: header::HeaderName, value: String) -> Self {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            self.headers.push((name, v));
+        }
+        self
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let mut doc = Map::new();
+        doc.insert("type".into(), Value::from(self.kind));
+        doc.insert("title".into(), Value::from(self.title));
+        doc.insert("status".into(), Value::from(self.status.as_u16()));
+        doc.insert("detail".into(), Value::from(self.detail));
+        doc.extend(self.extensions);
+        let bytes = serde_json::to_vec(&Value::Object(doc)).unwrap_or_default();
+        let mut resp = Response::new(body::full(bytes));
+        *resp.status_mut() = self.status;
+        let headers = resp.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
+        resp
+    }
+}
+
+/// Seconds for a `Retry-After` header: at least 1, rounded up.
+pub fn retry_after_secs(ms: i64) -> u64 {
+    let ms = u64::try_from(ms.max(0)).unwrap_or(0);
+    ms.div_ceil(1000).max(1)
+}
+
+impl From<&Error> for Problem {
+    fn from(err: &Error) -> Self {
+        use StatusCode as S;
+        let detail = err.to_string();
+        match err {
+            Error::InvalidPrecondition(_) => {
+                Problem::new(S::BAD_REQUEST, "invalid-precondition", "Invalid precondition", detail)
+            }
+            Error::InvalidBody(_) => {
+                Problem::new(S::BAD_REQUEST, "invalid-body", "Invalid request body", detail)
+            }
+            Error::InvalidPath(crate::resources::PathError::TooLong(_)) => {
+                Problem::new(S::URI_TOO_LONG, "invalid-path", "Invalid request path", detail)
+            }
+            Error::InvalidPath(_) => {
+                Problem::new(S::BAD_REQUEST, "invalid-path", "Invalid request path", detail)
+            }
+            Error::InvalidRequest(_) => {
+                Problem::new(S::BAD_REQUEST, "invalid-request", "Invalid request", detail)
+            }
+            Error::PreconditionRequired => Problem::new(
+                S::PRECONDITION_REQUIRED,
+                "precondition-required",
+                "Precondition required",
+                detail,
+            ),
+            Error::Conflict {
+                current_version,
+                status,
+                ..
+            } => Problem::new(
+                StatusCode::from_u16(*status).unwrap_or(S::CONFLICT),
+                "conflict",
+                "Version conflict",
+                detail,
+            )
+            .ext("current_version", json!(current_version))
+            .header(header::ETAG, format!("\"{current_version}\"")),
+            Error::PayloadTooLarge { limit } => Problem::new(
+                S::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Payload too large",
+                detail,
+            )
+            .ext("limit_bytes", json!(limit)),
+            Error::NotFound(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
+            Error::Forbidden(_) => Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail),
+            Error::MethodNotAllowed(allow) => Problem::new(
+                S::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                format!("allowed methods: {allow}"),
+            )
+            .header(header::ALLOW, (*allow).to_string()),
+            Error::LockHeld(held) => Problem::new(S::CONFLICT, "lock-held", "Lock held", detail)
+                .ext("acquired", json!(false))
+                .ext("resource", json!(held.resource))
+                .ext("owner", json!(held.owner))
+                .ext("fencing_token", json!(held.fencing_token))
+                .ext("acquired_at", json!(rfc3339_ms(held.acquired_at_ms)))
+                .ext("expires_at", json!(rfc3339_ms(held.expires_at_ms)))
+                .header(
+                    header::RETRY_AFTER,
+                    retry_after_secs(held.remaining_ms).to_string(),
+                ),
+            Error::LockConflict { .. } => {
+                Problem::new(S::CONFLICT, "conflict", "Lock conflict", detail)
+            }
+            Error::WriteInProgress {
+                current_version,
+                retry_after_s,
+            } => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "write-in-progress",
+                "Write in progress",
+                detail,
+            )
+            .ext("current_version", json!(current_version))
+            .header(header::RETRY_AFTER, retry_after_s.to_string()),
+            Error::BadGateway(_) => {
+                Problem::new(S::BAD_GATEWAY, "bad-gateway", "Bad gateway", detail)
+            }
+            Error::GatewayTimeout { .. } => {
+                Problem::new(S::GATEWAY_TIMEOUT, "gateway-timeout", "Gateway timeout", detail)
+            }
+            Error::Unavailable(_) => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+                "the version and lock store is unavailable; writes to versioned resources and lock calls fail closed"
+                    .to_string(),
+            )
+            .header(header::RETRY_AFTER, "1".to_string()),
+        }
+    }
+}
+
+/// The response for an error.
+pub fn response(err: &Error) -> Response<Body> {
+    Problem::from(err).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::error::HeldLock;
+    use crate::resources::PathError;
+
+    fn status_and_type(e: Error) -> (u16, String) {
+        let p = Problem::from(&e);
+        (p.status.as_u16(), p.kind.to_string())
+    }
+
+    #[test]
+    fn every_variant_has_its_status_and_token() {
+        let cases: Vec<(Error, u16, &str)> = vec![
+            (
+                Error::InvalidPrecondition("x".into()),
+                400,
+                "invalid-precondition",
+            ),
+            (Error::InvalidBody("x".into()), 400, "invalid-body"),
+            (
+                Error::InvalidPath(PathError::AboveRoot),
+                400,
+                "invalid-path",
+            ),
+            (
+                Error::InvalidPath(PathError::TooLong(5000)),
+                414,
+                "invalid-path",
+            ),
+            (Error::InvalidRequest("x".into()), 400, "invalid-request"),
+            (Error::PreconditionRequired, 428, "precondition-required"),
+            (
+                Error::Conflict {
+                    current_version: 2,
+                    expected: "1".into(),
+                    status: 409,
+                },
+                409,
+                "conflict",
+            ),
+            (
+                Error::Conflict {
+                    current_version: 2,
+                    expected: "1".into(),
+                    status: 412,
+                },
+                412,
+                "conflict",
+            ),
+            (
+                Error::PayloadTooLarge { limit: 1 },
+                413,
+                "payload-too-large",
+            ),
+            (Error::NotFound("x".into()), 404, "not-found"),
+            (Error::Forbidden("x".into()), 403, "forbidden"),
+            (Error::MethodNotAllowed("GET"), 405, "method-not-allowed"),
+            (
+                Error::LockHeld(Box::new(HeldLock {
+                    resource: "r".into(),
+                    owner: "o".into(),
+                    fencing_token: 1,
+                    acquired_at_ms: 0,
+                    expires_at_ms: 0,
+                    remaining_ms: 10,
+                })),
+                409,
+                "lock-held",
+            ),
+            (Error::LockConflict { detail: "x".into() }, 409, "conflict"),
+            (
+                Error::WriteInProgress {
+                    current_version: 1,
+                    retry_after_s: 1,
+                },
+                503,
+                "write-in-progress",
+            ),
+            (Error::BadGateway("x".into()), 502, "bad-gateway"),
+            (
+                Error::GatewayTimeout { timeout_ms: 1 },
+                504,
+                "gateway-timeout",
+            ),
+            (
+                Error::Unavailable(sqlx::Error::PoolTimedOut),
+                503,
+                "unavailable",
+            ),
+        ];
+        for (err, status, kind) in cases {
+            let label = format!("{err:?}");
+            assert_eq!(status_and_type(err), (status, kind.to_string()), "{label}");
+        }
+    }
+
+    #[test]
+    fn conflict_carries_current_version_in_body_and_etag() {
+        let resp = response(&Error::Conflict {
+            current_version: 7,
+            expected: "3".into(),
+            status: 409,
+        });
+        assert_eq!(resp.headers()[header::ETAG], "\"7\"");
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(1000), 1);
+        assert_eq!(retry_after_secs(1001), 2);
+    }
+}

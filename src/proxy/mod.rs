@@ -1,0 +1,185 @@
+//! Forwarding to the backend: one pooled HTTP/1.1 client, the hop-by-hop
+//! rules, and a classification of failures that the versioning wing needs to
+//! decide whether a write may have happened.
+//!
+//! Why the classification matters: a connect failure means the backend never
+//! saw the request (nothing to bump), while a timeout or reset after the
+//! request was sent means it may have applied it (the outcome is unknown, so
+//! the version must move on).
+
+pub mod headers;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::body::Body;
+use crate::error::Error;
+
+/// Settings of the upstream client.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    pub url: Uri,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+}
+
+/// The client side of the proxy: where requests go and how.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+    scheme: Scheme,
+    authority: Authority,
+    request_timeout: Duration,
+}
+
+/// Why forwarding failed.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// The backend never received the request (connect refused or timed
+    /// out): a write certainly did not happen.
+    NotSent(String),
+    /// The request was sent but no answer came in time: it may have happened.
+    Timeout,
+    /// The connection failed after the request was (maybe) sent.
+    Failed(String),
+}
+
+impl ForwardError {
+    /// The response lockstep gives the client for this failure.
+    pub fn to_error(&self, timeout: Duration) -> Error {
+        match self {
+            ForwardError::NotSent(m) => {
+                Error::BadGateway(format!("the backend is unreachable: {m}"))
+            }
+            ForwardError::Timeout => Error::GatewayTimeout {
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            },
+            ForwardError::Failed(m) => {
+                Error::BadGateway(format!("the backend connection failed: {m}"))
+            }
+        }
+    }
+}
+
+/// Facts about the inbound request that forwarding needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Inbound<'a> {
+    pub client_ip: IpAddr,
+    pub proto: &'a str,
+}
+
+impl Upstream {
+    pub fn new(settings: &UpstreamSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(settings.pool_idle_timeout)
+            .pool_max_idle_per_host(settings.pool_max_idle_per_host)
+            .build(connector);
+        let scheme = settings.url.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let authority = settings
+            .url
+            .authority()
+            .cloned()
+            .unwrap_or_else(|| Authority::from_static("127.0.0.1:3000"));
+        Self {
+            client,
+            scheme,
+            authority,
+            request_timeout: settings.request_timeout,
+        }
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// Rewrites `req` for the backend: its URI points at the upstream with
+    /// `path_and_query`, hop-by-hop headers are gone, `X-Forwarded-*` set.
+    pub fn prepare(
+        &self,
+        req: &mut Request<Body>,
+        path_and_query: PathAndQuery,
+        inbound: Inbound<'_>,
+    ) -> Result<(), Error> {
+        let authority = req.uri().authority().map(|a| a.as_str().to_string());
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| Error::InvalidRequest(format!("cannot build the upstream URI: {e}")))?;
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        let headers = req.headers_mut();
+        headers::strip_hop_by_hop(headers);
+        headers::add_forwarded(
+            headers,
+            inbound.client_ip,
+            inbound.proto,
+            authority.as_deref(),
+        );
+        if !headers.contains_key(http::header::HOST) {
+            if let Some(a) = authority {
+                if let Ok(v) = http::HeaderValue::from_str(&a) {
+                    headers.insert(http::header::HOST, v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a prepared request and waits for the response head, at most the
+    /// request timeout.
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, ForwardError> {
+        match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
+            Err(_) => Err(ForwardError::Timeout),
+            Ok(Ok(mut resp)) => {
+                headers::strip_hop_by_hop(resp.headers_mut());
+                Ok(resp)
+            }
+            Ok(Err(e)) if e.is_connect() => Err(ForwardError::NotSent(crate::error::chain(&e))),
+            Ok(Err(e)) => Err(ForwardError::Failed(crate::error::chain(&e))),
+        }
+    }
+}
+
+impl Upstream {
+    /// Forwards a request that is not lockstep's business: path and query
+    /// byte for byte, bodies streamed both ways, failures as 502/504.
+    pub async fn passthrough(
+        &self,
+        req: Request<Incoming>,
+        inbound: Inbound<'_>,
+    ) -> Response<Body> {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let mut fwd = req.map(crate::body::boxed);
+        if let Err(e) = self.prepare(&mut fwd, pq, inbound) {
+            return crate::problem::response(&e);
+        }
+        match self.send(fwd).await {
+            Ok(resp) => resp.map(crate::body::boxed),
+            Err(e) => {
+                tracing::warn!(error = ?e, "passthrough request failed");
+                crate::problem::response(&e.to_error(self.request_timeout))
+            }
+        }
+    }
+}

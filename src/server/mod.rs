@@ -1,0 +1,116 @@
+//! The edge: listeners, the accept loop, and graceful drain. Each accepted
+//! connection is served by hyper-util's auto builder (HTTP/1.1, and HTTP/2
+//! with prior knowledge, h2c), watched by a `GracefulShutdown` so SIGTERM
+//! stops accepting, lets in-flight requests finish within the drain
+//! timeout, and then returns.
+
+pub mod router;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::Body;
+
+/// Connection-level limits.
+#[derive(Debug, Clone)]
+pub struct ConnSettings {
+    pub max_header_bytes: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub drain_timeout: Duration,
+}
+
+/// Something that answers requests: the proxy router or the admin router.
+pub trait Handler: Clone + Send + Sync + 'static {
+    fn call(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}
+
+/// Serves `listener` until `shutdown` fires, then drains for at most
+/// `drain_timeout`. Returns once every connection is closed or the drain
+/// timed out.
+pub async fn serve<H: Handler>(
+    name: &'static str,
+    listener: TcpListener,
+    handler: H,
+    settings: ConnSettings,
+    shutdown: CancellationToken,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(settings.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(settings.idle_timeout / 2))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let builder = Arc::new(builder);
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            () = shutdown.cancelled() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let handler = handler.clone();
+            async move { Ok::<_, Infallible>(handler.call(req, peer).await) }
+        });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        let idle = settings.idle_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, idle_ms = idle.as_millis() as u64, "connection closed with error");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {
+            tracing::info!(listener = name, "drained");
+        }
+        () = tokio::time::sleep(settings.drain_timeout) => {
+            tracing::warn!(listener = name, drain_timeout_ms = settings.drain_timeout.as_millis() as u64, "drain timed out; closing remaining connections");
+        }
+    }
+}

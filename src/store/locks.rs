@@ -1,0 +1,237 @@
+//! The lock table's statements and their [`LockStore`] implementation.
+//!
+//! Acquire is one `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`: it
+//! inserts, takes over an expired or released row, or refreshes the caller's
+//! own live row, and otherwise changes nothing. Released rows are kept (owner
+//! NULL) so the next fencing token continues from the last; the sweeper
+//! removes long-dead rows only after their tokens were folded into
+//! `lock_token_floor` one sweep earlier, which is where a brand-new row's
+//! token starts, so tokens never go back for a resource.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use super::sql::SqlStore;
+use super::wake::Topic;
+use super::{Acquire, GrantKind, LockChange, LockRecord, LockStore};
+use crate::error::Result;
+
+pub struct LockSql {
+    acquire: String,
+    get_any: String,
+    get_live: String,
+    release: String,
+    renew: String,
+    sweep_delete: String,
+    sweep_raise_floor: String,
+}
+
+/// Columns every lock query returns, in this order.
+const COLUMNS: &str = "resource, owner, fencing_token, acquired_at, expires_at";
+
+impl LockSql {
+    pub fn new(now: &str) -> Self {
+        // Whether the existing row is the caller's own live lock.
+        let own_live = format!("(locks.owner = excluded.owner AND locks.expires_at > {now})");
+        Self {
+            acquire: format!(
+                "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
+                 VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1) + 1, {now}, {now} + $3) \
+                 ON CONFLICT (resource) DO UPDATE SET \
+                   owner = excluded.owner, \
+                   fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, \
+                   acquired_at = CASE WHEN {own_live} THEN locks.acquired_at ELSE excluded.acquired_at END, \
+                   expires_at = excluded.expires_at, \
+                   prev_owner = locks.owner, \
+                   prev_expires_at = locks.expires_at \
+                 WHERE locks.owner IS NULL OR locks.expires_at <= {now} OR locks.owner = excluded.owner \
+                 RETURNING {COLUMNS}, {now}, prev_owner, prev_expires_at"
+            ),
+            get_any: format!(
+                "SELECT {COLUMNS}, {now} FROM locks WHERE resource = $1 AND owner IS NOT NULL"
+            ),
+            get_live: format!(
+                "SELECT {COLUMNS}, {now} FROM locks \
+                 WHERE resource = $1 AND owner IS NOT NULL AND expires_at > {now}"
+            ),
+            // Keeps the row (and its token); the record returned is the lock
+            // as it was, with its original expiry, for held-time logging.
+            release: format!(
+                "UPDATE locks SET owner = NULL, prev_owner = owner, \
+                   prev_expires_at = expires_at, expires_at = {now} \
+                 WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
+                 RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, {now}"
+            ),
+            renew: format!(
+                "UPDATE locks SET expires_at = {now} + $3 \
+                 WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
+                 RETURNING {COLUMNS}, {now}"
+            ),
+            // Only rows whose token the floor already covers (raised by an
+            // earlier sweep) are removed.
+            sweep_delete: format!(
+                "DELETE FROM locks WHERE resource IN ( \
+                   SELECT resource FROM locks \
+                   WHERE expires_at <= {now} - $1 \
+                     AND fencing_token <= (SELECT token FROM lock_token_floor WHERE id = 1) \
+                   LIMIT $2) \
+                 RETURNING resource"
+            ),
+            sweep_raise_floor: format!(
+                "UPDATE lock_token_floor SET token = ( \
+                   SELECT CASE WHEN COALESCE(MAX(fencing_token), 0) > lock_token_floor.token \
+                               THEN MAX(fencing_token) ELSE lock_token_floor.token END \
+                   FROM locks WHERE expires_at <= {now} - $1) \
+                 WHERE id = 1"
+            ),
+        }
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+fn record<R: Row>(row: &R) -> Result<LockRecord>
+where
+    usize: ColumnIndex<R>,
+    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(LockRecord {
+        resource: row.try_get(0)?,
+        owner: row.try_get(1)?,
+        fencing_token: row.try_get(2)?,
+        acquired_at_ms: row.try_get(3)?,
+        expires_at_ms: row.try_get(4)?,
+        now_ms: row.try_get(5)?,
+    })
+}
+
+#[async_trait]
+impl<DB> LockStore for SqlStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<<DB as Database>::Row>,
+{
+    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Acquire> {
+        // The statement is atomic; the loop only covers the report of a
+        // holder that released between our attempt and our look at it.
+        for _ in 0..3 {
+            let row = sqlx::query::<DB>(&self.locks.acquire)
+                .bind(resource.to_string())
+                .bind(owner.to_string())
+                .bind(millis(ttl))
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                let lock = record(&row)?;
+                let prev_owner: Option<String> = row.try_get(6)?;
+                let prev_expires: Option<i64> = row.try_get(7)?;
+                let kind = match (prev_owner, prev_expires) {
+                    (Some(p), Some(exp)) if p == owner && exp > lock.now_ms => GrantKind::Refreshed,
+                    (Some(p), Some(exp)) => GrantKind::Reclaimed {
+                        previous_owner: p,
+                        expired_for_ms: lock.now_ms - exp,
+                    },
+                    _ => GrantKind::New,
+                };
+                return Ok(Acquire::Granted { lock, kind });
+            }
+            if let Some(holder) = self.get(resource).await? {
+                return Ok(Acquire::Held(holder));
+            }
+        }
+        // Three holders came and went in a row: report the last state.
+        match self.get(resource).await? {
+            Some(holder) => Ok(Acquire::Held(holder)),
+            None => Err(crate::error::Error::LockConflict {
+                detail: "the lock changed hands repeatedly while acquiring; retry".into(),
+            }),
+        }
+    }
+
+    async fn get(&self, resource: &str) -> Result<Option<LockRecord>> {
+        let row = sqlx::query::<DB>(&self.locks.get_live)
+            .bind(resource.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(record).transpose()
+    }
+
+    async fn release(&self, resource: &str, owner: &str) -> Result<LockChange> {
+        let row = sqlx::query::<DB>(&self.locks.release)
+            .bind(resource.to_string())
+            .bind(owner.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = row {
+            self.wakeups.notify(Topic::Lock, resource);
+            return Ok(LockChange::Done(record(&row)?));
+        }
+        self.diagnose(resource).await
+    }
+
+    async fn renew(&self, resource: &str, owner: &str, ttl: Duration) -> Result<LockChange> {
+        let row = sqlx::query::<DB>(&self.locks.renew)
+            .bind(resource.to_string())
+            .bind(owner.to_string())
+            .bind(millis(ttl))
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => Ok(LockChange::Done(record(&row)?)),
+            None => self.diagnose(resource).await,
+        }
+    }
+
+    async fn sweep(&self, retention: Duration, limit: i64) -> Result<u64> {
+        let removed = sqlx::query::<DB>(&self.locks.sweep_delete)
+            .bind(millis(retention))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+            .len() as u64;
+        sqlx::query::<DB>(&self.locks.sweep_raise_floor)
+            .bind(millis(retention))
+            .execute(&self.pool)
+            .await?;
+        Ok(removed)
+    }
+}
+
+impl<DB> SqlStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<<DB as Database>::Row>,
+{
+    /// Why an owner-only change did not apply: someone else holds the lock,
+    /// or there is no live lock (with the expired record, if one is left).
+    async fn diagnose(&self, resource: &str) -> Result<LockChange> {
+        let row = sqlx::query::<DB>(&self.locks.get_any)
+            .bind(resource.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(LockChange::Missing { expired: None });
+        };
+        let lock = record(&row)?;
+        if lock.expires_at_ms > lock.now_ms {
+            Ok(LockChange::OtherOwner(lock))
+        } else {
+            Ok(LockChange::Missing {
+                expired: Some(lock),
+            })
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Storage: the version table and the lock table, behind two narrow traits,
+//! with one SQL implementation shared by SQLite and PostgreSQL.
+//!
+//! Why one implementation for two databases: the guarantees of lockstep rest
+//! on a handful of single-statement conditional writes, and the same text of
+//! those statements runs on both engines (both accept `$1` parameters and
+//! `ON CONFLICT … RETURNING`). The only dialect difference, how to read the
+//! database's clock, is one string per backend in `sqlite.rs` and
+//! `postgres.rs`, so the two cannot drift apart. All times are milliseconds
+//! from the database's clock; no lock or lease decision reads the clock of
+//! the lockstep process.
+
+mod locks;
+pub mod postgres;
+mod sql;
+pub mod sqlite;
+mod versions;
+pub mod wake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+pub use wake::Wakeups;
+
+/// The version of a key as a reader or writer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionState {
+    /// The version a client must present: the stored version, plus one when
+    /// a write lease ran out without a commit (that write's outcome is
+    /// unknown, so anything read before it is stale).
+    pub version: i64,
+    pub lease: Lease,
+    /// Whether the key has a row yet (a key without one is at version 1).
+    pub exists: bool,
+}
+
+/// The write lease of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// No write in flight: a writer may claim it.
+    Free,
+    /// A write is in flight, or its outcome is unknown and the key is closed
+    /// until the lease runs out in `remaining_ms`.
+    Held { remaining_ms: i64 },
+    /// A lease ran out without a commit: the next claim takes it over with a
+    /// version bump.
+    Expired,
+}
+
+/// The optimistic-concurrency half of the store.
+#[async_trait]
+pub trait VersionStore: Send + Sync {
+    /// The current state of `key`. Never writes.
+    async fn current(&self, key: &str) -> Result<VersionState>;
+
+    /// Takes the write lease of `key` if its effective version is
+    /// `expected` and no live lease exists; an expired lease is taken over
+    /// with a bump (then `expected` must already count that bump, as
+    /// [`VersionState::version`] does). Returns the version now held, or
+    /// `None` when the state changed since it was read.
+    async fn claim(
+        &self,
+        key: &str,
+        expected: i64,
+        lease_id: &str,
+        lease: Duration,
+    ) -> Result<Option<i64>>;
+
+    /// The write happened (or may have, and the backend answered): bump the
+    /// version and release the lease. `None` when the lease was lost.
+    async fn commit(&self, key: &str, lease_id: &str) -> Result<Option<i64>>;
+
+    /// The backend refused the write: release the lease, keep the version.
+    async fn abort(&self, key: &str, lease_id: &str) -> Result<()>;
+
+    /// No answer came (timeout, reset): the write may still be running, so
+    /// bump now but keep the key closed until the lease runs out.
+    async fn bump_and_hold(&self, key: &str, lease_id: &str) -> Result<Option<i64>>;
+
+    /// A collection POST created `key`: 1 for a key never seen, else one past
+    /// the version its last write or DELETE left.
+    async fn created(&self, key: &str) -> Result<i64>;
+}
+
+/// A lock as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRecord {
+    pub resource: String,
+    pub owner: String,
+    pub fencing_token: i64,
+    pub acquired_at_ms: i64,
+    pub expires_at_ms: i64,
+    /// The database's clock when the record was read.
+    pub now_ms: i64,
+}
+
+/// What an acquire did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// The caller holds the lock. `previous` describes an expired holder that
+    /// was taken over (owner, how long it had been expired).
+    Granted { lock: LockRecord, kind: GrantKind },
+    /// Someone else holds it.
+    Held(LockRecord),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantKind {
+    /// No row, or a released one.
+    New,
+    /// The caller already held it: expiry refreshed.
+    Refreshed,
+    /// Taken over from an expired holder.
+    Reclaimed {
+        previous_owner: String,
+        expired_for_ms: i64,
+    },
+}
+
+/// What a release or renew found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockChange {
+    /// Done; the record as it was just before (release) or after (renew).
+    Done(LockRecord),
+    /// No live lock (absent, released, or expired). `expired` carries the
+    /// record when the caller's own lock had expired.
+    Missing { expired: Option<LockRecord> },
+    /// A live lock held by someone else.
+    OtherOwner(LockRecord),
+}
+
+/// The distributed-lock half of the store.
+#[async_trait]
+pub trait LockStore: Send + Sync {
+    /// One atomic statement: insert, take over an expired row, or refresh the
+    /// caller's own row; otherwise report the holder.
+    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Acquire>;
+    /// The live lock, if any.
+    async fn get(&self, resource: &str) -> Result<Option<LockRecord>>;
+    /// Owner-only release.
+    async fn release(&self, resource: &str, owner: &str) -> Result<LockChange>;
+    /// Owner-only renew of a live lock.
+    async fn renew(&self, resource: &str, owner: &str, ttl: Duration) -> Result<LockChange>;
+    /// Removes rows expired for longer than `retention`, at most `limit` of
+    /// them, without letting fencing tokens go back. Returns rows removed.
+    async fn sweep(&self, retention: Duration, limit: i64) -> Result<u64>;
+}
+
+/// Everything the services need from storage.
+#[async_trait]
+pub trait Store: VersionStore + LockStore {
+    /// Is the database reachable and migrated?
+    async fn ping(&self) -> Result<()>;
+    /// Wake-ups for waiters (writes closing, locks released).
+    fn wakeups(&self) -> &Wakeups;
+    /// Which engine, for logs.
+    fn engine(&self) -> &'static str;
+}
+
+/// Pool limits shared by both engines.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+/// Opens the database named by `url`, runs the embedded migrations, and
+/// returns the store.
+pub async fn connect(url: &str, pool: &PoolSettings) -> Result<Arc<dyn Store>, sqlx::Error> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::connect(url, pool).await?))
+    } else {
+        Ok(Arc::new(postgres::connect(url, pool).await?))
+    }
+}

@@ -1,0 +1,75 @@
+//! The SQL store, generic over the sqlx database: one implementation of the
+//! storage traits for both engines.
+//!
+//! The where-clauses on each impl say "a sqlx database whose connections run
+//! queries and that reads and writes `i64` and `String`", which SQLite and
+//! PostgreSQL both are. Statement texts are built once, at connect time, from the dialect's
+//! expression for the database clock.
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+
+use super::locks::LockSql;
+use super::versions::VersionSql;
+use super::{Store, Wakeups};
+use crate::error::Result;
+
+/// How one engine differs from the other.
+#[derive(Debug, Clone, Copy)]
+pub struct Dialect {
+    pub engine: &'static str,
+    /// An SQL expression for "now" on the database's clock, in integer
+    /// milliseconds since the Unix epoch, stable within one statement.
+    pub now_ms: &'static str,
+}
+
+pub struct SqlStore<DB: Database> {
+    pub(super) pool: Pool<DB>,
+    pub(super) versions: VersionSql,
+    pub(super) locks: LockSql,
+    pub(super) wakeups: Wakeups,
+    pub(super) dialect: Dialect,
+}
+
+impl<DB: Database> SqlStore<DB> {
+    pub fn new(pool: Pool<DB>, dialect: Dialect) -> Self {
+        Self {
+            pool,
+            versions: VersionSql::new(dialect.now_ms),
+            locks: LockSql::new(dialect.now_ms),
+            wakeups: Wakeups::new(),
+            dialect,
+        }
+    }
+
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+}
+
+#[async_trait]
+impl<DB> Store for SqlStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<<DB as Database>::Row>,
+{
+    async fn ping(&self) -> Result<()> {
+        // Reads a migrated table, so "reachable but not migrated" fails too.
+        sqlx::query("SELECT 1 FROM lock_token_floor WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
+    }
+
+    fn engine(&self) -> &'static str {
+        self.dialect.engine
+    }
+}

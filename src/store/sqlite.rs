@@ -1,0 +1,53 @@
+//! SQLite, embedded: the zero-set-up default for one replica.
+//!
+//! Durability settings, chosen so versions never go back, not even after a
+//! power loss: WAL journal with `synchronous = FULL` fsyncs the log on every
+//! commit. (`NORMAL` would be faster but can lose the last commits on power
+//! loss, and a version that was handed out and then forgotten would be handed
+//! out again: a lost update.) `busy_timeout` lets writers from several pool
+//! connections queue on SQLite's single write lock instead of failing.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Sqlite;
+
+use super::sql::{Dialect, SqlStore};
+use super::PoolSettings;
+
+pub const DIALECT: Dialect = Dialect {
+    engine: "sqlite",
+    now_ms: "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
+};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqlite>, sqlx::Error> {
+    let memory = url.contains(":memory:") || url.contains("mode=memory");
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(if memory {
+            SqliteJournalMode::Memory
+        } else {
+            SqliteJournalMode::Wal
+        })
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(5))
+        .foreign_keys(true);
+    let mut pool = SqlitePoolOptions::new()
+        .acquire_timeout(settings.acquire_timeout)
+        .max_connections(settings.max_connections);
+    if memory {
+        // Every connection to `sqlite::memory:` is its own database: keep
+        // exactly one, forever.
+        pool = pool
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None);
+    }
+    let pool = pool.connect_with(options).await?;
+    MIGRATOR.run(&pool).await?;
+    Ok(SqlStore::new(pool, DIALECT))
+}

@@ -1,0 +1,225 @@
+//! The version table's statements and their [`VersionStore`] implementation.
+//!
+//! Every state change is one conditional statement keyed on the lease id or
+//! on the version, so two replicas racing on one key cannot both win, and the
+//! "effective version" (stored version plus one for a lease that ran out) is
+//! the same pure function for readers and writers.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use super::sql::SqlStore;
+use super::wake::Topic;
+use super::{Lease, VersionState, VersionStore};
+use crate::error::Result;
+
+pub struct VersionSql {
+    current: String,
+    claim_new: String,
+    claim_existing: String,
+    commit: String,
+    abort: String,
+    bump_and_hold: String,
+    created: String,
+}
+
+impl VersionSql {
+    pub fn new(now: &str) -> Self {
+        Self {
+            current: format!(
+                "SELECT version, lease_id, lease_until - {now} FROM versions WHERE key = $1"
+            ),
+            // A key without a row is at version 1; only a writer expecting 1
+            // may create it (the caller checks), and a racing insert loses.
+            claim_new: format!(
+                "INSERT INTO versions (key, version, updated_at, lease_id, lease_until) \
+                 VALUES ($1, 1, {now}, $2, {now} + $3) \
+                 ON CONFLICT (key) DO NOTHING RETURNING version"
+            ),
+            // Free or expired lease, and the effective version is the one the
+            // writer holds: take the lease; an expired one costs a bump.
+            claim_existing: format!(
+                "UPDATE versions SET \
+                   version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
+                   updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
+                   lease_id = $2, lease_until = {now} + $3 \
+                 WHERE key = $1 \
+                   AND (lease_id IS NULL OR lease_until <= {now}) \
+                   AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4 \
+                 RETURNING version"
+            ),
+            // Still ours (nobody took it over): bump and release. An expired
+            // but untaken lease may still commit; readers already saw v+1.
+            commit: format!(
+                "UPDATE versions SET version = version + 1, updated_at = {now}, \
+                   lease_id = NULL, lease_until = NULL \
+                 WHERE key = $1 AND lease_id = $2 RETURNING version"
+            ),
+            // Release without bump, unless the lease already ran out (readers
+            // were shown v+1; the version must not go back).
+            abort: format!(
+                "UPDATE versions SET \
+                   version = version + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
+                   updated_at = CASE WHEN lease_until <= {now} THEN {now} ELSE updated_at END, \
+                   lease_id = NULL, lease_until = NULL \
+                 WHERE key = $1 AND lease_id = $2"
+            ),
+            bump_and_hold: format!(
+                "UPDATE versions SET version = version + 1, updated_at = {now} \
+                 WHERE key = $1 AND lease_id = $2 RETURNING version"
+            ),
+            // A created item: 1 if never seen, else past everything before it
+            // (an expired lease counts as the write it may have been).
+            created: format!(
+                "INSERT INTO versions (key, version, updated_at) VALUES ($1, 1, {now}) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                   version = versions.version + 1 \
+                     + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END), \
+                   updated_at = {now}, \
+                   lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
+                   lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \
+                 RETURNING version"
+            ),
+        }
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+#[async_trait]
+impl<DB> VersionStore for SqlStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<<DB as Database>::Row>,
+{
+    async fn current(&self, key: &str) -> Result<VersionState> {
+        let row = sqlx::query::<DB>(&self.versions.current)
+            .bind(key.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(VersionState {
+                version: 1,
+                lease: Lease::Free,
+                exists: false,
+            });
+        };
+        let version: i64 = row.try_get(0)?;
+        let lease_id: Option<String> = row.try_get(1)?;
+        let remaining: Option<i64> = row.try_get(2)?;
+        let (version, lease) = match (lease_id, remaining) {
+            (None, _) => (version, Lease::Free),
+            (Some(_), Some(ms)) if ms > 0 => (version, Lease::Held { remaining_ms: ms }),
+            (Some(_), _) => (version + 1, Lease::Expired),
+        };
+        Ok(VersionState {
+            version,
+            lease,
+            exists: true,
+        })
+    }
+
+    async fn claim(
+        &self,
+        key: &str,
+        expected: i64,
+        lease_id: &str,
+        lease: Duration,
+    ) -> Result<Option<i64>> {
+        let row = if expected == 1 {
+            let inserted = sqlx::query::<DB>(&self.versions.claim_new)
+                .bind(key.to_string())
+                .bind(lease_id.to_string())
+                .bind(millis(lease))
+                .fetch_optional(&self.pool)
+                .await?;
+            match inserted {
+                Some(row) => Some(row),
+                None => self.claim_existing(key, expected, lease_id, lease).await?,
+            }
+        } else {
+            self.claim_existing(key, expected, lease_id, lease).await?
+        };
+        Ok(match row {
+            Some(row) => Some(row.try_get(0)?),
+            None => None,
+        })
+    }
+
+    async fn commit(&self, key: &str, lease_id: &str) -> Result<Option<i64>> {
+        let version = self
+            .returning_version(&self.versions.commit, key, lease_id)
+            .await?;
+        self.wakeups.notify(Topic::Version, key);
+        Ok(version)
+    }
+
+    async fn abort(&self, key: &str, lease_id: &str) -> Result<()> {
+        sqlx::query::<DB>(&self.versions.abort)
+            .bind(key.to_string())
+            .bind(lease_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        self.wakeups.notify(Topic::Version, key);
+        Ok(())
+    }
+
+    async fn bump_and_hold(&self, key: &str, lease_id: &str) -> Result<Option<i64>> {
+        self.returning_version(&self.versions.bump_and_hold, key, lease_id)
+            .await
+    }
+
+    async fn created(&self, key: &str) -> Result<i64> {
+        let row = sqlx::query::<DB>(&self.versions.created)
+            .bind(key.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+}
+
+impl<DB> SqlStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<<DB as Database>::Row>,
+{
+    async fn claim_existing(
+        &self,
+        key: &str,
+        expected: i64,
+        lease_id: &str,
+        lease: Duration,
+    ) -> Result<Option<<DB as Database>::Row>> {
+        Ok(sqlx::query::<DB>(&self.versions.claim_existing)
+            .bind(key.to_string())
+            .bind(lease_id.to_string())
+            .bind(millis(lease))
+            .bind(expected)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn returning_version(&self, sql: &str, key: &str, lease_id: &str) -> Result<Option<i64>> {
+        let row = sqlx::query::<DB>(sql)
+            .bind(key.to_string())
+            .bind(lease_id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => Some(row.try_get(0)?),
+            None => None,
+        })
+    }
+}

@@ -1,0 +1,702 @@
+//! The versioning wing: optimistic concurrency for item routes.
+//!
+//! A versioned request is a pipeline of named phases, each a few lines in
+//! this file, so a PATCH can be followed from socket to database and back:
+//!
+//! ```text
+//! write:  precondition ─► claim ─► forward ─► commit | abort | bump-and-hold ─► stamp ─► log
+//! read:   version ─► forward ─► stamp (or 304) ─► log
+//! create: forward ─► created ─► stamp ─► log
+//! ```
+//!
+//! * **precondition** — the expected version from `If-Match` and the body;
+//!   bad input is refused here, before anything is stored.
+//! * **claim** — one conditional UPDATE takes the key's write lease at the
+//!   expected version. A stale writer gets 409 at once; a current writer
+//!   that finds the lease taken waits (bounded) for it, then re-checks.
+//! * **forward** — the write goes to the backend without `If-Match` and
+//!   without the version field.
+//! * **commit / abort / bump-and-hold** — 2xx and 5xx bump the version (a 5xx
+//!   may have applied the write), 4xx releases the lease unchanged, and no
+//!   answer at all bumps but keeps the key closed until the lease runs out,
+//!   because the backend may still be applying the write.
+//! * **stamp** — `ETag` and the body field carry the new version.
+//!
+//! The part from claim to commit runs in its own task, so a client that
+//! hangs up mid-write cannot leave a lease behind.
+
+pub mod precondition;
+pub mod stamp;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::body::{self, Body, Buffered};
+use crate::error::{Error, Result};
+use crate::problem;
+use crate::proxy::{ForwardError, Inbound, Upstream};
+use crate::resources::{ResourceMap, Route};
+use crate::store::wake::Topic;
+use crate::store::{Lease, Store};
+use precondition::Expected;
+
+/// Settings of the wing, from `[versioning]` and `[server]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub body_field: String,
+    pub require_precondition: bool,
+    pub conflict_status: u16,
+    pub write_lease: Duration,
+    pub write_wait: Duration,
+    pub max_body_bytes: u64,
+}
+
+/// The versioning service. Cheap to clone.
+#[derive(Clone)]
+pub struct Versioning {
+    store: Arc<dyn Store>,
+    upstream: Upstream,
+    resources: Arc<ResourceMap>,
+    settings: Arc<Settings>,
+}
+
+/// What happened to one versioned request, for the request log.
+#[derive(Debug, Default)]
+struct Outcome {
+    before: Option<i64>,
+    after: Option<i64>,
+    outcome: &'static str,
+}
+
+impl Versioning {
+    pub fn new(
+        store: Arc<dyn Store>,
+        upstream: Upstream,
+        resources: Arc<ResourceMap>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            store,
+            upstream,
+            resources,
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// Handles a request on a versioned route; `route` comes from
+    /// [`ResourceMap::classify`]. Returns `None` for method/route pairs that
+    /// are not versioned (the caller proxies them untouched).
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        route: &Route,
+        inbound: Inbound<'_>,
+    ) -> std::result::Result<Response<Body>, Request<Incoming>> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let raw_path = req.uri().path().to_string();
+        let (key, result) = match (route, &method) {
+            (Route::Item { key, path }, &Method::GET | &Method::HEAD) => {
+                let pq = with_query(path, req.uri());
+                (key.clone(), self.read(req, key, pq, inbound).await)
+            }
+            (Route::Item { key, path }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
+                let pq = with_query(path, req.uri());
+                (key.clone(), self.write(req, key, pq, inbound).await)
+            }
+            (Route::Collection { path }, &Method::POST) => {
+                let pq = with_query(path, req.uri());
+                let (key, result) = self.create(req, path, pq, inbound).await;
+                (key.unwrap_or_default(), result)
+            }
+            _ => return Err(req),
+        };
+        let (response, outcome) = match result {
+            Ok((response, outcome)) => (response, outcome),
+            Err((err, before)) => {
+                let outcome = Outcome {
+                    before,
+                    after: None,
+                    outcome: outcome_of(&err),
+                };
+                if matches!(err, Error::Unavailable(_)) {
+                    tracing::error!(error = %crate::error::chain(&err), key = %key, "store unavailable");
+                }
+                (problem::response(&err), outcome)
+            }
+        };
+        tracing::info!(
+            target: "lockstep::request",
+            method = %method,
+            path = %raw_path,
+            key = %key,
+            version_before = outcome.before,
+            version_after = outcome.after,
+            status = response.status().as_u16(),
+            outcome = outcome.outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "versioned request"
+        );
+        Ok(response)
+    }
+
+    // ---------------------------------------------------------------- read
+
+    async fn read(
+        &self,
+        req: Request<Incoming>,
+        key: &str,
+        pq: PathAndQuery,
+        inbound: Inbound<'_>,
+    ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
+        // version: read BEFORE forwarding, so a response may carry an older
+        // version than its body but never a newer one. A store outage does
+        // not stop reads; they go out unstamped.
+        let version = match self.store.current(key).await {
+            Ok(state) => Some(state.version),
+            Err(e) => {
+                tracing::warn!(error = %crate::error::chain(&e), key, "store unavailable; read passes unstamped");
+                None
+            }
+        };
+        let (mut parts, body) = req.into_parts();
+        let inm_headers = parts.headers.clone();
+        let is_head = parts.method == Method::HEAD;
+        let stamp_body = !self.settings.body_field.is_empty() && version.is_some();
+        for h in [header::IF_NONE_MATCH, header::IF_MATCH, header::IF_RANGE] {
+            parts.headers.remove(h);
+        }
+        if stamp_body {
+            // The body is rewritten: ask for it unencoded, and fetch a HEAD
+            // as a GET so its headers are exactly those of the GET.
+            parts.headers.remove(header::ACCEPT_ENCODING);
+            if is_head {
+                parts.method = Method::GET;
+            }
+        }
+        let mut fwd = Request::from_parts(parts, body::boxed(body));
+        self.upstream
+            .prepare(&mut fwd, pq, inbound)
+            .map_err(|e| (e, version))?;
+        let resp = self
+            .upstream
+            .send(fwd)
+            .await
+            .map_err(|e| (e.to_error(self.upstream.request_timeout()), version))?;
+        let Some(version) = version else {
+            return Ok((
+                passthrough_response(resp, is_head),
+                Outcome {
+                    outcome: "read-unstamped",
+                    ..Outcome::default()
+                },
+            ));
+        };
+        let outcome = |o| Outcome {
+            before: Some(version),
+            after: Some(version),
+            outcome: o,
+        };
+        if !resp.status().is_success() {
+            return Ok((
+                passthrough_response(resp, is_head),
+                outcome("read-passthrough"),
+            ));
+        }
+        if precondition::if_none_match_hits(&inm_headers, version) {
+            return Ok((not_modified(resp, version), outcome("not-modified")));
+        }
+        let resp = self
+            .stamp(resp, version, is_head)
+            .await
+            .map_err(|e| (e, Some(version)))?;
+        Ok((resp, outcome("read")))
+    }
+
+    // --------------------------------------------------------------- write
+
+    async fn write(
+        &self,
+        req: Request<Incoming>,
+        key: &str,
+        pq: PathAndQuery,
+        inbound: Inbound<'_>,
+    ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
+        // precondition
+        let (mut parts, body) = req.into_parts();
+        let header_expect = precondition::if_match(&parts.headers).map_err(|e| (e, None))?;
+        let raw = self
+            .read_request_body(&parts, body)
+            .await
+            .map_err(|e| (e, None))?;
+        let json = stamp::is_json(&parts.headers)
+            || (!parts.headers.contains_key(header::CONTENT_TYPE)
+                && raw.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'));
+        let (forward_body, body_version) =
+            stamp::take_version(&raw, json, &self.settings.body_field).map_err(|e| (e, None))?;
+        let expected = precondition::combine(header_expect, body_version).map_err(|e| (e, None))?;
+        if expected == Expected::Unchecked && self.settings.require_precondition {
+            return Err((Error::PreconditionRequired, None));
+        }
+        for h in [header::IF_MATCH, header::IF_NONE_MATCH] {
+            parts.headers.remove(h);
+        }
+        parts.headers.remove(header::TRANSFER_ENCODING);
+        parts.headers.insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from(forward_body.len()),
+        );
+        let mut fwd = Request::from_parts(parts, body::full(forward_body));
+        self.upstream
+            .prepare(&mut fwd, pq, inbound)
+            .map_err(|e| (e, None))?;
+
+        // claim → forward → commit/abort → stamp, in a task of its own so a
+        // client hanging up cannot strand the lease.
+        let this = self.clone();
+        let key = key.to_string();
+        tokio::spawn(async move { this.claimed_write(key, expected, fwd).await })
+            .await
+            .unwrap_or_else(|e| {
+                Err((
+                    Error::BadGateway(format!("the write task failed: {e}")),
+                    None,
+                ))
+            })
+    }
+
+    async fn claimed_write(
+        &self,
+        key: String,
+        expected: Expected,
+        fwd: Request<Body>,
+    ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
+        let lease_id = uuid::Uuid::new_v4().to_string();
+        let held = self.claim(&key, &expected, &lease_id).await?;
+        let outcome = |after, o| Outcome {
+            before: Some(held),
+            after,
+            outcome: o,
+        };
+        let store_err = |e: Error| (e, Some(held));
+
+        match self.upstream.send(fwd).await {
+            Ok(resp) if resp.status().is_success() || resp.status().is_server_error() => {
+                // The write happened, or (5xx) may have: the version moves on.
+                let new = self
+                    .store
+                    .commit(&key, &lease_id)
+                    .await
+                    .map_err(store_err)?;
+                if resp.status().is_server_error() {
+                    return Ok((
+                        passthrough_response(resp, false),
+                        outcome(new, "unknown-outcome-bumped"),
+                    ));
+                }
+                let Some(new) = new else {
+                    // The lease was taken over (we outlived it): the version
+                    // of this body is unknown, so it carries none.
+                    tracing::warn!(key = %key, "write lease lost before commit; response sent without a version");
+                    return Ok((
+                        passthrough_response(resp, false),
+                        outcome(None, "lease-lost"),
+                    ));
+                };
+                let resp = self.stamp(resp, new, false).await.map_err(store_err)?;
+                Ok((resp, outcome(Some(new), "committed")))
+            }
+            Ok(resp) => {
+                // The backend refused (4xx) or redirected: nothing changed.
+                self.store.abort(&key, &lease_id).await.map_err(store_err)?;
+                Ok((
+                    passthrough_response(resp, false),
+                    outcome(Some(held), "refused"),
+                ))
+            }
+            Err(ForwardError::NotSent(m)) => {
+                self.store.abort(&key, &lease_id).await.map_err(store_err)?;
+                Err((
+                    ForwardError::NotSent(m).to_error(self.upstream.request_timeout()),
+                    Some(held),
+                ))
+            }
+            Err(e) => {
+                // No answer: the backend may still apply this write. Bump now
+                // (a stale client gets 409) and keep the key closed until the
+                // lease runs out; the claim after it bumps once more.
+                let new = self
+                    .store
+                    .bump_and_hold(&key, &lease_id)
+                    .await
+                    .map_err(store_err)?;
+                tracing::warn!(key = %key, version = new, error = ?e, "write outcome unknown; key closed until its lease runs out");
+                Err((e.to_error(self.upstream.request_timeout()), Some(held)))
+            }
+        }
+    }
+
+    /// Takes the write lease at a version `expected` accepts, waiting for an
+    /// in-flight write on the same key (bounded by `write_wait`).
+    async fn claim(
+        &self,
+        key: &str,
+        expected: &Expected,
+        lease_id: &str,
+    ) -> Result<i64, (Error, Option<i64>)> {
+        let deadline = Instant::now() + self.settings.write_wait;
+        let mut waiter = self.store.wakeups().subscribe(Topic::Version, key);
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let state = self.store.current(key).await.map_err(|e| (e, None))?;
+            let Some(version) = expected.accepts(state.version) else {
+                return Err((
+                    Error::Conflict {
+                        current_version: state.version,
+                        expected: expected.describe(),
+                        status: self.settings.conflict_status,
+                    },
+                    Some(state.version),
+                ));
+            };
+            if let Lease::Held { remaining_ms } = state.lease {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err((
+                        Error::WriteInProgress {
+                            current_version: state.version,
+                            retry_after_s: problem::retry_after_secs(remaining_ms),
+                        },
+                        Some(state.version),
+                    ));
+                }
+                let lease_left = Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0));
+                let nap = backoff
+                    .min(deadline - now)
+                    .min(lease_left + Duration::from_millis(1));
+                waiter.changed(nap).await;
+                backoff = (backoff * 2).min(Duration::from_millis(250));
+                continue;
+            }
+            if let Some(held) = self
+                .store
+                .claim(key, version, lease_id, self.settings.write_lease)
+                .await
+                .map_err(|e| (e, Some(version)))?
+            {
+                return Ok(held);
+            }
+            // Lost a race with another writer: look again.
+            if Instant::now() >= deadline {
+                return Err((
+                    Error::WriteInProgress {
+                        current_version: version,
+                        retry_after_s: 1,
+                    },
+                    Some(version),
+                ));
+            }
+        }
+    }
+
+    // -------------------------------------------------------------- create
+
+    async fn create(
+        &self,
+        req: Request<Incoming>,
+        collection: &str,
+        pq: PathAndQuery,
+        inbound: Inbound<'_>,
+    ) -> (
+        Option<String>,
+        Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
+    ) {
+        let mut fwd = req.map(body::boxed);
+        if let Err(e) = self.upstream.prepare(&mut fwd, pq, inbound) {
+            return (None, Err((e, None)));
+        }
+        let resp = match self.upstream.send(fwd).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                return (
+                    None,
+                    Err((e.to_error(self.upstream.request_timeout()), None)),
+                )
+            }
+        };
+        let passthrough = |resp, o| {
+            Ok((
+                passthrough_response(resp, false),
+                Outcome {
+                    outcome: o,
+                    ..Outcome::default()
+                },
+            ))
+        };
+        if resp.status() != StatusCode::CREATED {
+            return (None, passthrough(resp, "create-passthrough"));
+        }
+        // The new item's key: from Location, else from the body's "id".
+        let (parts, incoming) = resp.into_parts();
+        let location_key = parts
+            .headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|loc| loc.parse::<http::Uri>().ok())
+            .and_then(|uri| self.item_key(uri.path()));
+        let buffered = match self.buffer_response(incoming).await {
+            Ok(b) => b,
+            Err(e) => return (location_key, Err((e, None))),
+        };
+        let key = location_key.or_else(|| match &buffered {
+            Buffered::Complete(bytes) if stamp::is_json(&parts.headers) => id_of(bytes)
+                .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id)))),
+            _ => None,
+        });
+        let Some(key) = key else {
+            let resp = Response::from_parts(parts, rebuild(buffered));
+            return (
+                None,
+                Ok((
+                    resp,
+                    Outcome {
+                        outcome: "created-unkeyed",
+                        ..Outcome::default()
+                    },
+                )),
+            );
+        };
+        let version = match self.store.created(&key).await {
+            Ok(v) => v,
+            Err(e) => {
+                // The backend created the item; say so, without a version.
+                tracing::error!(error = %crate::error::chain(&e), key = %key, "created item could not be versioned");
+                let resp = Response::from_parts(parts, rebuild(buffered));
+                return (
+                    Some(key),
+                    Ok((
+                        resp,
+                        Outcome {
+                            outcome: "created-unversioned",
+                            ..Outcome::default()
+                        },
+                    )),
+                );
+            }
+        };
+        let resp = self.stamp_parts(parts, buffered, version, false);
+        (
+            Some(key),
+            Ok((
+                resp,
+                Outcome {
+                    before: None,
+                    after: Some(version),
+                    outcome: "created",
+                },
+            )),
+        )
+    }
+
+    fn item_key(&self, path: &str) -> Option<String> {
+        match self.resources.classify(path) {
+            Ok(Route::Item { key, .. }) => Some(key),
+            _ => None,
+        }
+    }
+
+    // --------------------------------------------------------------- stamp
+
+    /// Sets `ETag` and (for JSON object bodies within the limit) the body's
+    /// version field; fixes `Content-Length`.
+    async fn stamp(
+        &self,
+        resp: Response<Incoming>,
+        version: i64,
+        head: bool,
+    ) -> Result<Response<Body>> {
+        let (parts, incoming) = resp.into_parts();
+        let wants_body = !self.settings.body_field.is_empty()
+            && stamp::is_json(&parts.headers)
+            && !stamp::is_encoded(&parts.headers)
+            && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED);
+        if !wants_body {
+            let mut resp = Response::from_parts(parts, body::boxed(incoming));
+            set_etag(resp.headers_mut(), version);
+            if head {
+                *resp.body_mut() = body::empty();
+            }
+            return Ok(resp);
+        }
+        let buffered = self.buffer_response(incoming).await?;
+        Ok(self.stamp_parts(parts, buffered, version, head))
+    }
+
+    fn stamp_parts(
+        &self,
+        mut parts: http::response::Parts,
+        buffered: Buffered,
+        version: i64,
+        head: bool,
+    ) -> Response<Body> {
+        set_etag(&mut parts.headers, version);
+        let body = match buffered {
+            Buffered::Complete(bytes) => {
+                let bytes = if stamp::is_json(&parts.headers) && !stamp::is_encoded(&parts.headers)
+                {
+                    stamp::stamp_version(&bytes, &self.settings.body_field, version)
+                        .unwrap_or(bytes)
+                } else {
+                    bytes
+                };
+                parts.headers.remove(header::TRANSFER_ENCODING);
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                if head {
+                    body::empty()
+                } else {
+                    body::full(bytes)
+                }
+            }
+            // Too large to rewrite: ETag only, the body streams on.
+            Buffered::TooLarge { prefix, rest } => {
+                if head {
+                    body::empty()
+                } else {
+                    body::chain(prefix, rest)
+                }
+            }
+        };
+        Response::from_parts(parts, body)
+    }
+
+    async fn buffer_response(&self, incoming: Incoming) -> Result<Buffered> {
+        let limit = self.settings.max_body_bytes;
+        match tokio::time::timeout(
+            self.upstream.request_timeout(),
+            body::buffer_up_to(body::boxed(incoming), limit),
+        )
+        .await
+        {
+            Ok(Ok(b)) => Ok(b),
+            Ok(Err(e)) => Err(Error::BadGateway(format!(
+                "the backend's response body failed: {e}"
+            ))),
+            Err(_) => Err(Error::GatewayTimeout {
+                timeout_ms: u64::try_from(self.upstream.request_timeout().as_millis())
+                    .unwrap_or(u64::MAX),
+            }),
+        }
+    }
+
+    /// Reads a write's body within `max_body_bytes` (413 beyond it).
+    async fn read_request_body(&self, parts: &Parts, body: Incoming) -> Result<Bytes> {
+        let limit = self.settings.max_body_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(Error::PayloadTooLarge { limit });
+        }
+        match body::buffer_up_to(body::boxed(body), limit).await {
+            Ok(Buffered::Complete(bytes)) => Ok(bytes),
+            Ok(Buffered::TooLarge { .. }) => Err(Error::PayloadTooLarge { limit }),
+            Err(e) => Err(Error::InvalidBody(format!(
+                "the request body could not be read: {e}"
+            ))),
+        }
+    }
+}
+
+fn with_query(path: &str, uri: &http::Uri) -> PathAndQuery {
+    let text = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    text.parse()
+        .unwrap_or_else(|_| PathAndQuery::from_static("/"))
+}
+
+fn set_etag(headers: &mut HeaderMap, version: i64) {
+    // Digits and quotes only: always a valid header value.
+    if let Ok(v) = HeaderValue::try_from(format!("\"{version}\"")) {
+        headers.insert(header::ETAG, v);
+    }
+}
+
+/// The backend's response, streamed on (bodyless for HEAD).
+fn passthrough_response(resp: Response<Incoming>, head: bool) -> Response<Body> {
+    let (parts, incoming) = resp.into_parts();
+    let body = if head {
+        body::empty()
+    } else {
+        body::boxed(incoming)
+    };
+    Response::from_parts(parts, body)
+}
+
+/// 304 for a matching `If-None-Match`: validators and caching headers of
+/// the 200 it stands for, no body (RFC 9110 §15.4.5).
+fn not_modified(resp: Response<Incoming>, version: i64) -> Response<Body> {
+    let mut out = Response::new(body::empty());
+    *out.status_mut() = StatusCode::NOT_MODIFIED;
+    for name in [
+        header::CACHE_CONTROL,
+        header::CONTENT_LOCATION,
+        header::DATE,
+        header::EXPIRES,
+        header::VARY,
+    ] {
+        if let Some(v) = resp.headers().get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    set_etag(out.headers_mut(), version);
+    out
+}
+
+fn rebuild(buffered: Buffered) -> Body {
+    match buffered {
+        Buffered::Complete(bytes) => body::full(bytes),
+        Buffered::TooLarge { prefix, rest } => body::chain(prefix, rest),
+    }
+}
+
+/// The `id` member of a JSON object, as a path segment.
+fn id_of(bytes: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    match value.get("id")? {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn encode_segment(s: &str) -> String {
+    crate::resources::encode_path(&[s.to_string()])
+        .trim_start_matches('/')
+        .to_string()
+}
+
+fn outcome_of(err: &Error) -> &'static str {
+    match err {
+        Error::Conflict { .. } => "conflict",
+        Error::PreconditionRequired => "precondition-required",
+        Error::WriteInProgress { .. } => "write-in-progress",
+        Error::GatewayTimeout { .. } => "gateway-timeout",
+        Error::BadGateway(_) => "bad-gateway",
+        Error::Unavailable(_) => "store-unavailable",
+        Error::PayloadTooLarge { .. } => "payload-too-large",
+        _ => "invalid",
+    }
+}
