@@ -23,7 +23,9 @@ pub fn init(log: &LogConfig) {
             .with_current_span(true)
             .with_span_list(false)
             .try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
     };
     // A second init (tests running in one process) keeps the first.
     let _ = result;

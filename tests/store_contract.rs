@@ -1,0 +1,347 @@
+//! The storage contract: one suite, run against SQLite (a fresh file per
+//! test) and PostgreSQL (a fresh database per test). Both implementations
+//! must give the same answers, including under concurrency and expiry.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockstep::store::{self, Acquire, GrantKind, Lease, LockChange, PoolSettings, Store};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn pool() -> PoolSettings {
+    PoolSettings {
+        max_connections: 16,
+        acquire_timeout: Duration::from_secs(10),
+    }
+}
+
+struct Db {
+    store: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn sqlite() -> Db {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    Db {
+        store: store::connect(&url, &pool()).await.unwrap(),
+        _dir: Some(dir),
+    }
+}
+
+/// A fresh database on the test server, or `None` (with a loud message)
+/// when no server was given.
+async fn postgres() -> Option<Db> {
+    let Ok(admin) = std::env::var("LOCKSTEP_TEST_POSTGRES_URL") else {
+        eprintln!("SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; PostgreSQL store tests did not run (scripts/test sets it)");
+        return None;
+    };
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let conn = sqlx::PgPool::connect(&admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&conn)
+        .await
+        .unwrap();
+    conn.close().await;
+    let base = admin.rsplit_once('/').unwrap().0;
+    let url = format!("{base}/{name}");
+    Some(Db {
+        store: store::connect(&url, &pool()).await.unwrap(),
+        _dir: None,
+    })
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(super::sqlite().await.store).await; })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                if let Some(db) = super::postgres().await { super::$name(db.store).await; }
+            })*
+        }
+    };
+}
+
+contract!(
+    unseen_key_is_version_1_and_reads_do_not_create_rows,
+    claim_commit_bumps_and_releases,
+    abort_keeps_the_version,
+    stale_claims_fail,
+    expired_lease_is_taken_over_with_a_bump,
+    unknown_outcome_bumps_and_keeps_the_key_closed,
+    created_items_start_at_1_or_after_their_delete,
+    commit_after_a_takeover_reports_lost_lease,
+    concurrent_claims_have_one_winner,
+    acquire_refresh_conflict_release,
+    expired_lock_is_reclaimed_with_a_larger_token,
+    renew_needs_a_live_own_lock,
+    sweeping_keeps_fencing_tokens_increasing,
+    fifty_concurrent_acquirers_have_one_winner,
+);
+
+async fn unseen_key_is_version_1_and_reads_do_not_create_rows(s: Arc<dyn Store>) {
+    let st = s.current("a/1").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, false));
+    let st = s.current("a/1").await.unwrap();
+    assert!(!st.exists);
+}
+
+async fn claim_commit_bumps_and_releases(s: Arc<dyn Store>) {
+    assert_eq!(s.claim("k", 1, "l1", LONG).await.unwrap(), Some(1));
+    let st = s.current("k").await.unwrap();
+    assert_eq!(st.version, 1);
+    assert!(matches!(st.lease, Lease::Held { .. }));
+    assert_eq!(
+        s.claim("k", 1, "l2", LONG).await.unwrap(),
+        None,
+        "lease is held"
+    );
+    assert_eq!(s.commit("k", "l1").await.unwrap(), Some(2));
+    let st = s.current("k").await.unwrap();
+    assert_eq!((st.version, st.lease), (2, Lease::Free));
+    assert_eq!(s.claim("k", 2, "l3", LONG).await.unwrap(), Some(2));
+    assert_eq!(s.commit("k", "l3").await.unwrap(), Some(3));
+}
+
+async fn abort_keeps_the_version(s: Arc<dyn Store>) {
+    assert_eq!(s.claim("k", 1, "l1", LONG).await.unwrap(), Some(1));
+    s.abort("k", "l1").await.unwrap();
+    let st = s.current("k").await.unwrap();
+    assert_eq!((st.version, st.lease), (1, Lease::Free));
+    assert_eq!(s.claim("k", 1, "l2", LONG).await.unwrap(), Some(1));
+}
+
+async fn stale_claims_fail(s: Arc<dyn Store>) {
+    assert_eq!(
+        s.claim("k", 2, "l0", LONG).await.unwrap(),
+        None,
+        "unseen key is at 1"
+    );
+    s.claim("k", 1, "l1", LONG).await.unwrap();
+    s.commit("k", "l1").await.unwrap();
+    assert_eq!(s.claim("k", 1, "l2", LONG).await.unwrap(), None);
+    assert_eq!(s.claim("k", 3, "l2", LONG).await.unwrap(), None);
+}
+
+async fn expired_lease_is_taken_over_with_a_bump(s: Arc<dyn Store>) {
+    s.claim("k", 1, "dead", Duration::from_millis(60))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let st = s.current("k").await.unwrap();
+    assert_eq!(
+        (st.version, st.lease),
+        (2, Lease::Expired),
+        "readers already see the bump"
+    );
+    assert_eq!(
+        s.claim("k", 1, "l2", LONG).await.unwrap(),
+        None,
+        "version 1 is stale now"
+    );
+    assert_eq!(s.claim("k", 2, "l2", LONG).await.unwrap(), Some(2));
+    assert_eq!(s.commit("k", "l2").await.unwrap(), Some(3));
+    // The dead writer's late commit finds its lease gone.
+    assert_eq!(s.commit("k", "dead").await.unwrap(), None);
+}
+
+async fn unknown_outcome_bumps_and_keeps_the_key_closed(s: Arc<dyn Store>) {
+    s.claim("k", 1, "l1", Duration::from_millis(150))
+        .await
+        .unwrap();
+    assert_eq!(s.bump_and_hold("k", "l1").await.unwrap(), Some(2));
+    let st = s.current("k").await.unwrap();
+    assert_eq!(st.version, 2);
+    assert!(
+        matches!(st.lease, Lease::Held { .. }),
+        "closed until the lease runs out"
+    );
+    assert_eq!(s.claim("k", 2, "l2", LONG).await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let st = s.current("k").await.unwrap();
+    assert_eq!((st.version, st.lease), (3, Lease::Expired));
+    assert_eq!(s.claim("k", 3, "l2", LONG).await.unwrap(), Some(3));
+}
+
+async fn created_items_start_at_1_or_after_their_delete(s: Arc<dyn Store>) {
+    assert_eq!(s.created("new/1").await.unwrap(), 1);
+    s.claim("old/1", 1, "l", LONG).await.unwrap();
+    s.commit("old/1", "l").await.unwrap(); // the DELETE: at 2
+    assert_eq!(s.created("old/1").await.unwrap(), 3);
+    assert_eq!(s.current("old/1").await.unwrap().version, 3);
+}
+
+async fn commit_after_a_takeover_reports_lost_lease(s: Arc<dyn Store>) {
+    s.claim("k", 1, "slow", Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.claim("k", 2, "fast", LONG).await.unwrap();
+    assert_eq!(s.commit("k", "slow").await.unwrap(), None);
+    s.abort("k", "slow").await.unwrap();
+    assert_eq!(s.commit("k", "fast").await.unwrap(), Some(3));
+}
+
+async fn concurrent_claims_have_one_winner(s: Arc<dyn Store>) {
+    for round in 1..=3 {
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.claim("hot", round, &format!("l{round}-{i}"), LONG)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            if t.await.unwrap().is_some() {
+                winners.push(i);
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        s.commit("hot", &format!("l{round}-{}", winners[0]))
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.current("hot").await.unwrap().version, 4);
+}
+
+fn granted(a: Acquire) -> (lockstep::store::LockRecord, GrantKind) {
+    match a {
+        Acquire::Granted { lock, kind } => (lock, kind),
+        Acquire::Held(h) => panic!("expected a grant, held by {h:?}"),
+    }
+}
+
+async fn acquire_refresh_conflict_release(s: Arc<dyn Store>) {
+    let (first, kind) = granted(s.acquire("job:42", "a", LONG).await.unwrap());
+    assert_eq!(kind, GrantKind::New);
+    assert!(first.expires_at_ms - first.acquired_at_ms >= 29_000);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let (again, kind) = granted(s.acquire("job:42", "a", LONG).await.unwrap());
+    assert_eq!(kind, GrantKind::Refreshed);
+    assert_eq!(again.acquired_at_ms, first.acquired_at_ms);
+    assert_eq!(again.fencing_token, first.fencing_token);
+    assert!(again.expires_at_ms > first.expires_at_ms);
+    match s.acquire("job:42", "b", LONG).await.unwrap() {
+        Acquire::Held(h) => assert_eq!(h.owner, "a"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        s.release("job:42", "b").await.unwrap(),
+        LockChange::OtherOwner(_)
+    ));
+    assert!(matches!(
+        s.release("job:42", "a").await.unwrap(),
+        LockChange::Done(_)
+    ));
+    assert_eq!(s.get("job:42").await.unwrap(), None);
+    assert!(matches!(
+        s.release("job:42", "a").await.unwrap(),
+        LockChange::Missing { expired: None }
+    ));
+    let (next, kind) = granted(s.acquire("job:42", "b", LONG).await.unwrap());
+    assert_eq!(kind, GrantKind::New);
+    assert!(next.fencing_token > first.fencing_token);
+}
+
+async fn expired_lock_is_reclaimed_with_a_larger_token(s: Arc<dyn Store>) {
+    let (first, _) = granted(
+        s.acquire("r", "a", Duration::from_millis(50))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.get("r").await.unwrap(), None, "expired counts as absent");
+    let (second, kind) = granted(s.acquire("r", "b", LONG).await.unwrap());
+    match kind {
+        GrantKind::Reclaimed {
+            previous_owner,
+            expired_for_ms,
+        } => {
+            assert_eq!(previous_owner, "a");
+            assert!(expired_for_ms >= 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(second.fencing_token > first.fencing_token);
+    assert!(second.acquired_at_ms > first.acquired_at_ms);
+}
+
+async fn renew_needs_a_live_own_lock(s: Arc<dyn Store>) {
+    assert!(matches!(
+        s.renew("r", "a", LONG).await.unwrap(),
+        LockChange::Missing { expired: None }
+    ));
+    let (first, _) = granted(
+        s.acquire("r", "a", Duration::from_millis(1000))
+            .await
+            .unwrap(),
+    );
+    match s.renew("r", "a", LONG).await.unwrap() {
+        LockChange::Done(l) => {
+            assert!(l.expires_at_ms > first.expires_at_ms);
+            assert_eq!(l.fencing_token, first.fencing_token);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        s.renew("r", "b", LONG).await.unwrap(),
+        LockChange::OtherOwner(_)
+    ));
+    let (_, _) = granted(
+        s.acquire("r2", "a", Duration::from_millis(50))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(matches!(
+        s.renew("r2", "a", LONG).await.unwrap(),
+        LockChange::Missing { expired: Some(_) }
+    ));
+}
+
+async fn sweeping_keeps_fencing_tokens_increasing(s: Arc<dyn Store>) {
+    let mut last = 0;
+    for _ in 0..3 {
+        let (l, _) = granted(s.acquire("swept", "a", LONG).await.unwrap());
+        assert!(l.fencing_token > last);
+        last = l.fencing_token;
+        s.release("swept", "a").await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The first sweep only records the tokens; the second removes the rows.
+    assert_eq!(s.sweep(Duration::from_millis(1), 100).await.unwrap(), 0);
+    assert_eq!(s.sweep(Duration::from_millis(1), 100).await.unwrap(), 1);
+    let (l, kind) = granted(s.acquire("swept", "b", LONG).await.unwrap());
+    assert_eq!(kind, GrantKind::New);
+    assert!(l.fencing_token > last, "{} after {last}", l.fencing_token);
+}
+
+async fn fifty_concurrent_acquirers_have_one_winner(s: Arc<dyn Store>) {
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                s.acquire("contended", &format!("w{i}"), LONG)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut winners = 0;
+    for t in tasks {
+        if matches!(t.await.unwrap(), Acquire::Granted { .. }) {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1);
+}
