@@ -1,0 +1,656 @@
+//! A stand-in legacy REST API: the unmodified backend that lockstep sits in front of.
+//!
+//! lockstep's integration tests run it as a real separate process, and it is
+//! handy for trying lockstep by hand:
+//!
+//! ```text
+//! cargo run --example legacy_backend -- --listen 127.0.0.1:3000
+//! ```
+//!
+//! After binding it prints one line, `LISTENING <ip:port>`, to stdout.
+//!
+//! # The API it serves
+//!
+//! An in-memory JSON store keyed by path. It knows nothing about versions,
+//! which is the point: it behaves like a plain legacy API.
+//!
+//! * `GET`/`HEAD /{collection}/{id}`: the stored JSON object with the
+//!   backend's own `ETag: "backend-<n>"`, or 404. Under a collection whose
+//!   name starts with `auto` (e.g. `/autos/1`) a missing item is created as
+//!   `{"id": "<id>"}`, so reads work without seeding.
+//! * `PUT`: replace with the body (a JSON object, else 400); 200 + stored object.
+//! * `PATCH`: shallow-merge the body's top-level fields (creating the item if
+//!   absent); 200 + stored object.
+//! * `DELETE`: 204 if the item existed, 404 if not.
+//! * `POST /{collection}`: stores the body under its `"id"` (or the next
+//!   integer of that collection), 201 + `Location` + stored object.
+//! * `GET /{collection}`: the items of that collection as a JSON array.
+//!
+//! Any path with two or more segments is an item; a `POST` to any path creates
+//! a child of it.
+//!
+//! # Control headers (honoured on every request except `/_backend/…`)
+//!
+//! They are ordinary end-to-end headers, so a proxy forwards them.
+//!
+//! * `X-Backend-Delay-Ms: N`: sleep N ms after reading the request body.
+//! * `X-Backend-Hang: 1`: read the request, then never answer.
+//! * `X-Backend-Reset: 1`: read the request, then drop the connection with no
+//!   response; with `X-Backend-Apply: 1` the write is applied first.
+//! * `X-Backend-Status: N`: answer N with `{"error":"forced"}`, store untouched.
+//! * `X-Backend-Body: S`: answer 200 with exactly S as the body, with the
+//!   Content-Type from `X-Backend-Content-Type` (default `application/json`),
+//!   store untouched.
+//! * `X-Backend-Apply-Then-Status: N`: apply the write, then answer N (for a
+//!   2xx N with the normal body, otherwise with `{"error":"forced"}`).
+//! * `X-Backend-No-Location: 1`: a `POST` answers 201 without `Location`.
+//!
+//! # Test helpers
+//!
+//! * `/echo` and `/echo/…` (any method): the request as JSON
+//!   (`method`, `path`, `query`, `version`, `headers`, `body_len`, `body`).
+//! * `/mirror` (any method): streams the request body back, chunk by chunk.
+//! * `GET /bytes/{n}`: n bytes of `x` (n ≤ 1 GiB), chunked, no Content-Length.
+//! * `GET /_backend/log`, `DELETE /_backend/log`: every request received
+//!   (method, path, query, version, headers, body_len, body truncated to 64 KiB).
+//! * `GET /_backend/store`: the whole store as a JSON object, path → value.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Map, Value};
+use tokio::net::TcpListener;
+
+type RespBody = BoxBody<Bytes, io::Error>;
+
+/// How much of each request body the log keeps.
+const LOG_BODY_LIMIT: usize = 64 * 1024;
+/// Largest `/bytes/{n}` the backend agrees to stream.
+const MAX_STREAM_BYTES: u64 = 1 << 30;
+/// Chunk size of `/bytes/{n}`.
+const STREAM_CHUNK: usize = 64 * 1024;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let listen = match parse_args(std::env::args().skip(1)) {
+        Ok(listen) => listen,
+        Err(message) => {
+            eprintln!("legacy_backend: {message}");
+            eprintln!("usage: legacy_backend [--listen ADDR]   (default 127.0.0.1:3000)");
+            std::process::exit(2);
+        }
+    };
+
+    let listener = TcpListener::bind(listen).await?;
+    let local = listener.local_addr()?;
+    {
+        let mut stdout = io::stdout().lock();
+        writeln!(stdout, "LISTENING {local}")?;
+        stdout.flush()?;
+    }
+
+    let state = Arc::new(Shared::default());
+    loop {
+        let (stream, _peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Accept errors (e.g. too many open files) are transient:
+                // back off briefly instead of spinning or exiting.
+                eprintln!("legacy_backend: accept failed: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(Arc::clone(&state), req));
+            // Errors here are clients going away or the deliberate
+            // `X-Backend-Reset`; neither is worth reporting.
+            let _ = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<SocketAddr, String> {
+    let mut listen = String::from("127.0.0.1:3000");
+    while let Some(arg) = args.next() {
+        if arg == "--listen" {
+            listen = args.next().ok_or("--listen needs an address")?;
+        } else if let Some(value) = arg.strip_prefix("--listen=") {
+            listen = value.to_owned();
+        } else {
+            return Err(format!("unknown argument {arg:?}"));
+        }
+    }
+    listen
+        .parse()
+        .map_err(|err| format!("bad --listen address {listen:?}: {err}"))
+}
+
+/// State shared by all connections.
+///
+/// A std `Mutex`, not a Tokio one: every critical section is short and
+/// synchronous, and the lock is never held across an `.await`.
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way that matters to a test double; keep serving.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Path → stored JSON value.
+    store: BTreeMap<String, Value>,
+    /// Path → the backend's own revision, shown as `ETag: "backend-<n>"`.
+    revisions: HashMap<String, u64>,
+    /// Collection path → last integer id handed out by `POST`.
+    next_ids: HashMap<String, u64>,
+    /// Every request received, oldest first.
+    log: Vec<Value>,
+}
+
+impl State {
+    fn put(&mut self, path: &str, value: Value) {
+        self.store.insert(path.to_owned(), value);
+        *self.revisions.entry(path.to_owned()).or_insert(0) += 1;
+    }
+
+    fn revision(&self, path: &str) -> u64 {
+        self.revisions.get(path).copied().unwrap_or(0)
+    }
+}
+
+/// Returned by the service to make hyper drop the connection unanswered.
+#[derive(Debug)]
+struct ResetConnection;
+
+impl std::fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset on request (X-Backend-Reset)")
+    }
+}
+
+impl std::error::Error for ResetConnection {}
+
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, ResetConnection> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_owned();
+
+    if path.starts_with("/_backend/") {
+        return Ok(introspect(&shared, &parts.method, &path));
+    }
+
+    if path == "/mirror" {
+        // Streamed straight back, so the log records no body.
+        shared.lock().log.push(log_entry(&parts, None));
+        if let Some(forced) = before_handling(&parts).await? {
+            return Ok(forced);
+        }
+        if flag(&parts.headers, "x-backend-reset") {
+            return Err(ResetConnection);
+        }
+        if let Some(status) = header_str(&parts.headers, "x-backend-status") {
+            return Ok(forced_status(status, "x-backend-status"));
+        }
+        let mut resp = Response::new(body.map_err(io::Error::other).boxed());
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        return Ok(resp);
+    }
+
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        // The client broke off mid-body; nothing sensible to answer.
+        Err(_) => return Err(ResetConnection),
+    };
+    shared.lock().log.push(log_entry(&parts, Some(&body)));
+
+    if let Some(forced) = before_handling(&parts).await? {
+        return Ok(forced);
+    }
+
+    if flag(&parts.headers, "x-backend-reset") {
+        if flag(&parts.headers, "x-backend-apply") {
+            let _ = route(&shared, &parts, &body);
+        }
+        return Err(ResetConnection);
+    }
+    if let Some(status) = header_str(&parts.headers, "x-backend-status") {
+        return Ok(forced_status(status, "x-backend-status"));
+    }
+    if let Some(text) = parts.headers.get("x-backend-body") {
+        let content_type = parts
+            .headers
+            .get("x-backend-content-type")
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("application/json"));
+        let mut resp = Response::new(full(Bytes::copy_from_slice(text.as_bytes())));
+        resp.headers_mut().insert(CONTENT_TYPE, content_type);
+        return Ok(resp);
+    }
+
+    let resp = route(&shared, &parts, &body);
+    if let Some(status) = header_str(&parts.headers, "x-backend-apply-then-status") {
+        return Ok(match parse_status(status) {
+            Some(status) if status.is_success() => {
+                let mut resp = resp;
+                *resp.status_mut() = status;
+                resp
+            }
+            _ => forced_status(status, "x-backend-apply-then-status"),
+        });
+    }
+    Ok(resp)
+}
+
+/// The control headers that act before any routing: delay, then hang.
+///
+/// Returns `Some(response)` when a control header is malformed.
+async fn before_handling(parts: &Parts) -> Result<Option<Response<RespBody>>, ResetConnection> {
+    if let Some(delay) = header_str(&parts.headers, "x-backend-delay-ms") {
+        match delay.trim().parse::<u64>() {
+            Ok(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Err(_) => return Ok(Some(bad_control_header("x-backend-delay-ms"))),
+        }
+    }
+    if flag(&parts.headers, "x-backend-hang") {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        return Err(ResetConnection);
+    }
+    Ok(None)
+}
+
+/// The plain REST behaviour, plus `/echo` and `/bytes/{n}`.
+fn route(shared: &Shared, parts: &Parts, body: &Bytes) -> Response<RespBody> {
+    let path = parts.uri.path();
+    let method = &parts.method;
+
+    if path == "/echo" || path.starts_with("/echo/") {
+        return json_response(StatusCode::OK, &echo(parts, body));
+    }
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        if method != Method::GET && method != Method::HEAD {
+            return method_not_allowed();
+        }
+        return match n.parse::<u64>() {
+            Ok(n) if n <= MAX_STREAM_BYTES => stream_bytes(n),
+            _ => json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "n must be an integer up to 1 GiB"}),
+            ),
+        };
+    }
+
+    let trimmed = path.trim_end_matches('/');
+    let segments: Vec<&str> = trimmed.split('/').skip(1).collect();
+    if segments.is_empty() || segments.iter().any(|s| s.is_empty()) {
+        return not_found();
+    }
+
+    if method == Method::POST {
+        return create(shared, trimmed, &parts.headers, body);
+    }
+    if segments.len() == 1 {
+        return if method == Method::GET || method == Method::HEAD {
+            list(shared, trimmed)
+        } else {
+            method_not_allowed()
+        };
+    }
+
+    let mut state = shared.lock();
+    match *method {
+        Method::GET | Method::HEAD => {
+            if !state.store.contains_key(trimmed) && segments[0].starts_with("auto") {
+                if let Some(id) = segments.last() {
+                    state.put(trimmed, json!({ "id": id }));
+                }
+            }
+            match state.store.get(trimmed) {
+                Some(value) => item_response(StatusCode::OK, value, state.revision(trimmed)),
+                None => not_found(),
+            }
+        }
+        Method::PUT => match parse_object(body) {
+            Ok(object) => {
+                let value = Value::Object(object);
+                state.put(trimmed, value.clone());
+                item_response(StatusCode::OK, &value, state.revision(trimmed))
+            }
+            Err(error) => bad_body(error),
+        },
+        Method::PATCH => match parse_object(body) {
+            Ok(patch) => {
+                let mut merged = match state.store.get(trimmed) {
+                    Some(Value::Object(existing)) => existing.clone(),
+                    _ => Map::new(),
+                };
+                merged.extend(patch);
+                let value = Value::Object(merged);
+                state.put(trimmed, value.clone());
+                item_response(StatusCode::OK, &value, state.revision(trimmed))
+            }
+            Err(error) => bad_body(error),
+        },
+        Method::DELETE => {
+            if state.store.remove(trimmed).is_some() {
+                *state.revisions.entry(trimmed.to_owned()).or_insert(0) += 1;
+                let mut resp = Response::new(empty());
+                *resp.status_mut() = StatusCode::NO_CONTENT;
+                resp
+            } else {
+                not_found()
+            }
+        }
+        _ => method_not_allowed(),
+    }
+}
+
+/// `POST /{collection}`: store the body under its id, answer 201.
+fn create(
+    shared: &Shared,
+    collection: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response<RespBody> {
+    let mut object = match parse_object(body) {
+        Ok(object) => object,
+        Err(error) => return bad_body(error),
+    };
+    let mut guard = shared.lock();
+    // Reborrow through the guard once, so fields can be borrowed separately.
+    let state = &mut *guard;
+    let id = match object.get("id") {
+        Some(Value::String(id)) if !id.is_empty() && !id.contains('/') => id.clone(),
+        Some(Value::Number(id)) => id.to_string(),
+        Some(_) => {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "id must be a non-empty string without '/' or a number"}),
+            )
+        }
+        None => {
+            let counter = state.next_ids.entry(collection.to_owned()).or_insert(0);
+            loop {
+                *counter += 1;
+                let candidate = counter.to_string();
+                if !state
+                    .store
+                    .contains_key(&format!("{collection}/{candidate}"))
+                {
+                    object.insert("id".to_owned(), Value::String(candidate.clone()));
+                    break candidate;
+                }
+            }
+        }
+    };
+    let location = format!("{collection}/{id}");
+    let Ok(location_value) = HeaderValue::from_str(&location) else {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "id cannot be used in a Location header"}),
+        );
+    };
+    let value = Value::Object(object);
+    state.put(&location, value.clone());
+    let mut resp = item_response(StatusCode::CREATED, &value, state.revision(&location));
+    if !flag(headers, "x-backend-no-location") {
+        resp.headers_mut().insert(LOCATION, location_value);
+    }
+    resp
+}
+
+/// `GET /{collection}`: the collection's direct children, in path order.
+fn list(shared: &Shared, collection: &str) -> Response<RespBody> {
+    let prefix = format!("{collection}/");
+    let state = shared.lock();
+    let items: Vec<Value> = state
+        .store
+        .iter()
+        .filter(|(path, _)| {
+            path.strip_prefix(&prefix)
+                .is_some_and(|rest| !rest.contains('/'))
+        })
+        .map(|(_, value)| value.clone())
+        .collect();
+    json_response(StatusCode::OK, &Value::Array(items))
+}
+
+/// `/_backend/log` and `/_backend/store`, for tests to look behind the proxy.
+fn introspect(shared: &Shared, method: &Method, path: &str) -> Response<RespBody> {
+    match (method, path) {
+        (&Method::GET, "/_backend/log") => {
+            let log = Value::Array(shared.lock().log.clone());
+            json_response(StatusCode::OK, &log)
+        }
+        (&Method::DELETE, "/_backend/log") => {
+            shared.lock().log.clear();
+            let mut resp = Response::new(empty());
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+            resp
+        }
+        (&Method::GET, "/_backend/store") => {
+            let store: Map<String, Value> = shared
+                .lock()
+                .store
+                .iter()
+                .map(|(path, value)| (path.clone(), value.clone()))
+                .collect();
+            json_response(StatusCode::OK, &Value::Object(store))
+        }
+        _ => not_found(),
+    }
+}
+
+fn echo(parts: &Parts, body: &Bytes) -> Value {
+    json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "query": parts.uri.query(),
+        "version": format!("{:?}", parts.version),
+        "headers": headers_json(&parts.headers),
+        "body_len": body.len(),
+        "body": String::from_utf8_lossy(body),
+    })
+}
+
+fn log_entry(parts: &Parts, body: Option<&Bytes>) -> Value {
+    let (body_len, body_text) = match body {
+        Some(body) => (
+            Value::from(body.len()),
+            String::from_utf8_lossy(&body[..body.len().min(LOG_BODY_LIMIT)]).into_owned(),
+        ),
+        None => (Value::Null, String::new()),
+    };
+    json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "query": parts.uri.query(),
+        "version": format!("{:?}", parts.version),
+        "headers": headers_json(&parts.headers),
+        "body_len": body_len,
+        "body": body_text,
+    })
+}
+
+/// Headers as `{lowercase-name: [values...]}`, values decoded lossily.
+fn headers_json(headers: &HeaderMap) -> Value {
+    let mut out = Map::new();
+    for name in headers.keys() {
+        let values: Vec<Value> = headers
+            .get_all(name)
+            .iter()
+            .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect();
+        out.insert(name.as_str().to_owned(), Value::Array(values));
+    }
+    Value::Object(out)
+}
+
+/// The body as a JSON object, or the 400 answer explaining why it is not one.
+fn parse_object(body: &Bytes) -> Result<Map<String, Value>, String> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err("body must be a JSON object".to_owned()),
+        Err(err) => Err(format!("invalid JSON: {err}")),
+    }
+}
+
+fn bad_body(error: String) -> Response<RespBody> {
+    json_response(StatusCode::BAD_REQUEST, &json!({ "error": error }))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A control flag is on when its header is present and not `0`/`false`.
+fn flag(headers: &HeaderMap, name: &str) -> bool {
+    header_str(headers, name).is_some_and(|v| {
+        let v = v.trim();
+        !(v == "0" || v.eq_ignore_ascii_case("false"))
+    })
+}
+
+fn parse_status(value: &str) -> Option<StatusCode> {
+    value
+        .trim()
+        .parse::<u16>()
+        .ok()
+        .and_then(|code| StatusCode::from_u16(code).ok())
+}
+
+/// The `{"error":"forced"}` answer to a status control header.
+fn forced_status(value: &str, header: &str) -> Response<RespBody> {
+    match parse_status(value) {
+        Some(status) => json_response(status, &json!({"error": "forced"})),
+        None => bad_control_header(header),
+    }
+}
+
+fn item_response(status: StatusCode, value: &Value, revision: u64) -> Response<RespBody> {
+    let mut resp = json_response(status, value);
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"backend-{revision}\"")) {
+        resp.headers_mut().insert(ETAG, etag);
+    }
+    resp
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<RespBody> {
+    let body = Bytes::from(value.to_string());
+    let len = body.len();
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    resp
+}
+
+fn not_found() -> Response<RespBody> {
+    json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"}))
+}
+
+fn method_not_allowed() -> Response<RespBody> {
+    json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({"error": "method not allowed"}),
+    )
+}
+
+fn bad_control_header(name: &str) -> Response<RespBody> {
+    json_response(
+        StatusCode::BAD_REQUEST,
+        &json!({"error": format!("malformed {name} header")}),
+    )
+}
+
+fn full(bytes: Bytes) -> RespBody {
+    Full::new(bytes)
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+fn empty() -> RespBody {
+    Empty::<Bytes>::new()
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+fn stream_bytes(n: u64) -> Response<RespBody> {
+    let body = RepeatBody {
+        remaining: n,
+        chunk: Bytes::from(vec![b'x'; STREAM_CHUNK]),
+    };
+    let mut resp = Response::new(body.boxed());
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
+}
+
+/// `remaining` bytes of one repeated chunk, produced lazily.
+///
+/// Its size hint is left open on purpose, so hyper sends it chunked, the way
+/// a legacy API streams a large export.
+struct RepeatBody {
+    remaining: u64,
+    chunk: Bytes,
+}
+
+impl Body for RepeatBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let len = usize::try_from(self.remaining)
+            .unwrap_or(usize::MAX)
+            .min(self.chunk.len());
+        self.remaining -= len as u64;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..len)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+}
