@@ -155,27 +155,42 @@ impl ResourceMap {
     }
 }
 
-/// Splits, percent-decodes and resolves dot segments. Pure.
+/// Splits, resolves dot segments (also percent-encoded ones, RFC 3986
+/// §6.2.2.2), then percent-decodes what is left. Dots are resolved first so
+/// that a segment removed by `..` cannot make the path undecodable. Pure.
 pub fn normalise(raw_path: &str) -> Result<Vec<String>, PathError> {
-    let mut out: Vec<String> = Vec::new();
+    let mut kept: Vec<&str> = Vec::new();
     for raw in raw_path.split('/') {
-        if raw.is_empty() {
-            continue;
-        }
-        let decoded = percent_decode_str(raw)
-            .decode_utf8()
-            .map_err(|_| PathError::NotUtf8(raw.to_string()))?;
-        match decoded.as_ref() {
-            "." => {}
-            ".." => {
-                if out.pop().is_none() {
+        match dot_segment(raw) {
+            _ if raw.is_empty() => {}
+            Some(1) => {}
+            Some(_) => {
+                if kept.pop().is_none() {
                     return Err(PathError::AboveRoot);
                 }
             }
-            _ => out.push(decoded.into_owned()),
+            None => kept.push(raw),
         }
     }
-    Ok(out)
+    kept.into_iter()
+        .map(|raw| {
+            percent_decode_str(raw)
+                .decode_utf8()
+                .map(|d| d.into_owned())
+                .map_err(|_| PathError::NotUtf8(raw.to_string()))
+        })
+        .collect()
+}
+
+/// `Some(1)` for `.`, `Some(2)` for `..` (either possibly as `%2E`).
+fn dot_segment(raw: &str) -> Option<usize> {
+    let lower = raw.to_ascii_lowercase();
+    let dots = lower.replace("%2e", ".");
+    match dots.as_str() {
+        "." => Some(1),
+        ".." => Some(2),
+        _ => None,
+    }
 }
 
 /// Re-encodes decoded segments into a canonical absolute path.
@@ -264,6 +279,9 @@ mod tests {
             "/articles/x/../42",
             "/articles/%34%32",
             "/%61rticles/42",
+            "/articles/42/%ff/..",
+            "/articles/42/%2e%2E/42",
+            "/articles/42/%2E",
         ] {
             assert_eq!(
                 m.classify(p).unwrap(),

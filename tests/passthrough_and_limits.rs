@@ -1,0 +1,873 @@
+//! Everything around the versioned core (issue 2 points 6, 7 and 10):
+//! unversioned paths stream through untouched, HTTP/2 prior knowledge,
+//! body limits, and bad input that must get a precise 4xx and never change
+//! a version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod versioned_support;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{raw_http1_with_timeouts, raw_status, Backend, Client, Lockstep};
+use http::{Method, Request, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use versioned_support::{
+    assert_conflict, assert_problem, current_version, logged_header, read_version, received, seed,
+    writes_received,
+};
+
+// ------------------------------------------------------------------ helpers
+
+/// A request body of `remaining` bytes sent in chunks, with no length known
+/// in advance, so HTTP/1.1 sends it `Transfer-Encoding: chunked`.
+struct Chunked {
+    remaining: usize,
+    chunk: Bytes,
+}
+
+impl Body for Chunked {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let len = self.remaining.min(self.chunk.len());
+        self.remaining -= len;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..len)))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// Sends one HTTP/1.1 request with a chunked body of `len` bytes (each byte
+/// `fill`) on a fresh connection; returns status, headers and the body.
+async fn send_chunked(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    len: usize,
+    fill: u8,
+) -> (u16, http::HeaderMap, Bytes) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req
+        .body(Chunked {
+            remaining: len,
+            chunk: Bytes::from(vec![fill; 16 * 1024]),
+        })
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(20), sender.send_request(req))
+        .await
+        .expect("no answer within 20 s")
+        .expect("chunked request failed");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = tokio::time::timeout(Duration::from_secs(20), resp.into_body().collect())
+        .await
+        .expect("body within 20 s")
+        .expect("body")
+        .to_bytes();
+    (status, headers, body)
+}
+
+/// One HTTP/2 (prior knowledge, h2c) request on a fresh connection.
+async fn h2_request(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Version, http::HeaderMap, Bytes) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake with lockstep");
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .version(Version::HTTP_2);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .expect("no h2 answer within 10 s")
+        .expect("h2 request failed");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("h2 body").to_bytes();
+    (parts.status.as_u16(), parts.version, parts.headers, body)
+}
+
+/// The `/echo` report of a request sent through lockstep.
+async fn echo(client: &Client, lockstep: &Lockstep, path: &str) -> Value {
+    let resp = client.get(lockstep.proxy_url_for(path)).send().await;
+    assert_eq!(resp.status, 200, "GET {path}: {resp:?}");
+    resp.json()
+}
+
+// ------------------------------------------------------------- passthrough
+
+#[tokio::test]
+async fn unversioned_paths_reach_the_backend_byte_for_byte() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    for (path, query) in [
+        ("/echo//double//slashes/", None),
+        ("/echo/a%2Fb/%2e%2e/c", Some("x=%2F&y")),
+        ("/echo/./dot/../segments", Some("a=1&a=2&&b=%20+c")),
+        ("/echo/%ff%00/%7E~", Some("q=%00")),
+        ("/echo/../../above/root", None),
+        ("/echo", Some("")),
+    ] {
+        let sent = match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_owned(),
+        };
+        let report = echo(&client, &lockstep, &sent).await;
+        assert_eq!(report["path"], path, "path sent as {sent:?}: {report}");
+        let expected_query = match query {
+            Some(q) => json!(q),
+            None => Value::Null,
+        };
+        assert_eq!(
+            report["query"], expected_query,
+            "query of {sent:?}: {report}"
+        );
+        assert_eq!(report["method"], "GET");
+    }
+}
+
+#[tokio::test]
+async fn unversioned_responses_are_the_backends_own() {
+    let backend = Backend::start();
+    backend.seed("/articles/1/comments", json!({"c": 1})).await;
+    seed(&backend, "/articles/1", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    // Deeper than the pattern: not a versioned item.
+    let nested = client
+        .get(lockstep.proxy_url_for("/articles/1/comments"))
+        .send()
+        .await;
+    assert_eq!(nested.status, 200, "{nested:?}");
+    assert_eq!(nested.text(), "{\"c\":1}");
+    assert_eq!(nested.etag().as_deref(), Some("\"backend-1\""));
+
+    // The collection itself, read: a JSON array, untouched.
+    let list = client.get(lockstep.proxy_url_for("/articles")).send().await;
+    assert_eq!(list.status, 200, "{list:?}");
+    assert_eq!(list.json(), json!([{"title": "t"}]));
+
+    // Writes to unversioned paths are forwarded as they are.
+    let put = client
+        .put(
+            lockstep.proxy_url_for("/articles/1/comments"),
+            json!({"c": 2, "version": 5}),
+        )
+        .header("if-match", "\"77\"")
+        .send()
+        .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    assert_eq!(put.json(), json!({"c": 2, "version": 5}));
+    let puts = received(&backend, "PUT", "/articles/1/comments").await;
+    assert_eq!(puts.len(), 1);
+    assert_eq!(logged_header(&puts[0], "if-match"), vec!["\"77\""]);
+}
+
+#[tokio::test]
+async fn forwarded_headers_are_set_and_host_is_kept() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let plain = echo(&client, &lockstep, "/echo").await;
+    let headers = &plain["headers"];
+    assert_eq!(headers["x-forwarded-for"], json!(["127.0.0.1"]), "{plain}");
+    assert_eq!(headers["x-forwarded-proto"], json!(["http"]), "{plain}");
+    let host = lockstep.proxy_addr().to_string();
+    assert_eq!(headers["x-forwarded-host"], json!([host]), "{plain}");
+    assert_eq!(headers["host"], json!([host]), "the client's Host is kept");
+
+    let resp = client
+        .get(lockstep.proxy_url_for("/echo"))
+        .header("host", "api.example:8443")
+        .header("x-forwarded-for", "10.1.2.3")
+        .send()
+        .await;
+    let report = resp.json();
+    let headers = &report["headers"];
+    let xff: Vec<String> = headers["x-forwarded-for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(xff.join(", "), "10.1.2.3, 127.0.0.1", "{report}");
+    assert_eq!(headers["host"], json!(["api.example:8443"]), "{report}");
+    assert_eq!(
+        headers["x-forwarded-host"],
+        json!(["api.example:8443"]),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn hop_by_hop_request_headers_are_not_forwarded() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/hop", json!({"t": 1})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let send = |url: String| {
+        client
+            .get(url)
+            .header("connection", "x-foo, x-bar")
+            .header("x-foo", "secret")
+            .header("x-bar", "also secret")
+            .header("keep-alive", "timeout=5")
+            .header("te", "trailers")
+            .header("proxy-connection", "keep-alive")
+            .header("x-end-to-end", "kept")
+            .send()
+    };
+
+    let report = send(lockstep.proxy_url_for("/echo")).await.json();
+    let versioned = send(lockstep.proxy_url_for("/articles/hop")).await;
+    assert_eq!(versioned.status, 200, "{versioned:?}");
+    let gets = received(&backend, "GET", "/articles/hop").await;
+    assert_eq!(gets.len(), 1);
+
+    for headers in [&report["headers"], &gets[0]["headers"]] {
+        for gone in ["x-foo", "x-bar", "keep-alive", "te", "proxy-connection"] {
+            assert!(
+                headers.get(gone).is_none(),
+                "hop-by-hop header {gone} was forwarded: {headers}"
+            );
+        }
+        if let Some(connection) = headers.get("connection") {
+            assert!(
+                !connection.to_string().contains("x-foo"),
+                "the client's Connection header was forwarded: {headers}"
+            );
+        }
+        assert_eq!(headers["x-end-to-end"], json!(["kept"]), "{headers}");
+    }
+}
+
+#[tokio::test]
+async fn large_uploads_stream_through_even_with_a_small_body_limit() {
+    const SIZE: usize = 20 * 1024 * 1024;
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("max_body_bytes = 1024")
+        .start();
+    let client = Client::new();
+
+    let payload: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+    let resp = client
+        .request(Method::POST, lockstep.proxy_url_for("/mirror"))
+        .header("content-type", "application/octet-stream")
+        .body(payload.clone())
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "status {}", resp.status);
+    assert_eq!(resp.body.len(), SIZE);
+    assert!(resp.body == payload, "the mirrored body differs");
+
+    // The same size again without a Content-Length (chunked upload).
+    let (status, _, body) = send_chunked(
+        lockstep.proxy_addr(),
+        Method::PUT,
+        "/mirror",
+        &[],
+        SIZE,
+        b'z',
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body.len(), SIZE);
+    assert!(body.iter().all(|b| *b == b'z'));
+}
+
+#[tokio::test]
+async fn large_chunked_downloads_stream_with_the_right_length() {
+    const SIZE: u64 = 100 * 1024 * 1024;
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("max_body_bytes = 1024")
+        .start();
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for(&format!("/bytes/{SIZE}")))
+        .timeout(Duration::from_secs(10))
+        .send_streaming()
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the stream stalled")
+    {
+        let frame = frame.expect("the stream broke off");
+        if let Ok(data) = frame.into_data() {
+            assert!(data.iter().all(|b| *b == b'x'));
+            total += data.len() as u64;
+        }
+    }
+    assert_eq!(total, SIZE);
+}
+
+/// A request body fed from a channel: the test decides when each chunk is
+/// sent and when the body ends.
+struct Fed(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Fed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+#[tokio::test]
+async fn request_and_response_bodies_are_streamed_not_buffered() {
+    // /mirror answers with the request body as it arrives: bytes coming back
+    // while the upload is still open prove that neither direction is
+    // buffered by lockstep.
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let addr = lockstep.proxy_addr();
+
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri("/mirror")
+        .header("host", addr.to_string())
+        .body(Fed(rx))
+        .unwrap();
+    let chunk = Bytes::from(vec![b'u'; 64 * 1024]);
+    tx.send(chunk.clone()).await.unwrap();
+
+    // The body has not ended, yet the mirrored bytes come back.
+    let resp = tokio::time::timeout(Duration::from_secs(3), sender.send_request(req))
+        .await
+        .expect("no response head while the upload is open: the upload is being buffered")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut echoed = 0usize;
+    for round in 1..=3 {
+        while echoed < round * chunk.len() {
+            let frame = tokio::time::timeout(Duration::from_secs(3), body.frame())
+                .await
+                .expect("mirrored bytes did not come back while the upload is open")
+                .expect("the response ended early")
+                .expect("the response broke off");
+            if let Ok(data) = frame.into_data() {
+                echoed += data.len();
+            }
+        }
+        if round < 3 {
+            tx.send(chunk.clone()).await.unwrap();
+        }
+    }
+    drop(tx);
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(3), body.frame())
+        .await
+        .expect("the response did not end after the upload did")
+    {
+        if let Ok(data) = frame.expect("the response broke off").into_data() {
+            echoed += data.len();
+        }
+    }
+    assert_eq!(echoed, 3 * chunk.len());
+}
+
+#[tokio::test]
+async fn http2_prior_knowledge_works_for_passthrough_reads_and_writes() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/h2", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let addr = lockstep.proxy_addr();
+
+    let (status, version, _, body) = h2_request(addr, Method::GET, "/echo/h2?x=1", &[], "").await;
+    assert_eq!(status, 200);
+    assert_eq!(version, Version::HTTP_2);
+    let report: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(report["path"], "/echo/h2");
+    assert_eq!(report["query"], "x=1");
+    assert_eq!(
+        report["headers"]["x-forwarded-host"],
+        json!([addr.to_string()])
+    );
+
+    let (status, version, headers, body) =
+        h2_request(addr, Method::GET, "/articles/h2", &[], "").await;
+    assert_eq!((status, version), (200, Version::HTTP_2));
+    assert_eq!(headers["etag"], "\"1\"");
+    let doc: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc, json!({"title": "a", "version": 1}));
+
+    let write_headers = [("if-match", "\"1\""), ("content-type", "application/json")];
+    let (status, _, headers, body) = h2_request(
+        addr,
+        Method::PATCH,
+        "/articles/h2",
+        &write_headers,
+        "{\"title\":\"b\"}",
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["etag"], "\"2\"");
+    let (status, _, headers, body) = h2_request(
+        addr,
+        Method::PATCH,
+        "/articles/h2",
+        &write_headers,
+        "{\"title\":\"c\"}",
+    )
+    .await;
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["etag"], "\"2\"");
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["current_version"], 2);
+    assert_eq!(received(&backend, "PATCH", "/articles/h2").await.len(), 1);
+}
+
+// ------------------------------------------------------------- body limits
+
+#[tokio::test]
+async fn versioned_write_over_max_body_bytes_is_413_and_never_forwarded() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/big", json!({"title": "small"})).await;
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("max_body_bytes = 1024")
+        .start();
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/big");
+
+    let big = json!({"title": "x".repeat(2000)});
+    let with_length = client.patch(&url, big).if_match(1).send().await;
+    assert_problem(&with_length, 413, "payload-too-large");
+
+    let (status, headers, body) = send_chunked(
+        lockstep.proxy_addr(),
+        Method::PUT,
+        "/articles/big",
+        &[("content-type", "application/json"), ("if-match", "\"1\"")],
+        4096,
+        b' ',
+    )
+    .await;
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        headers.get("content-type").map(|v| v.to_str().unwrap()),
+        Some("application/problem+json")
+    );
+
+    assert!(writes_received(&backend, "/articles/big").await.is_empty());
+    assert_eq!(
+        current_version(&client, &lockstep, "/articles/big").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn versioned_write_of_exactly_max_body_bytes_is_accepted() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("max_body_bytes = 1024")
+        .start();
+    let client = Client::new();
+
+    let overhead = "{\"t\":\"\"}".len();
+    let body = format!("{{\"t\":\"{}\"}}", "y".repeat(1024 - overhead));
+    assert_eq!(body.len(), 1024);
+    let resp = client
+        .request(Method::PUT, lockstep.proxy_url_for("/articles/edge"))
+        .header("content-type", "application/json")
+        .if_match(1)
+        .body(body)
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"2\""));
+}
+
+#[tokio::test]
+async fn versioned_read_larger_than_max_body_bytes_gets_an_etag_and_streams_unmodified() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/huge",
+        json!({"title": "x".repeat(5000), "n": 1}),
+    )
+    .await;
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("max_body_bytes = 1024")
+        .start();
+    let client = Client::new();
+
+    let direct = client.get(backend.url_for("/articles/huge")).send().await;
+    let resp = client
+        .get(lockstep.proxy_url_for("/articles/huge"))
+        .send()
+        .await;
+
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+    assert!(
+        resp.body == direct.body,
+        "the body must be the backend's, byte for byte"
+    );
+    assert!(resp.json().get("version").is_none());
+
+    let head = client
+        .head(lockstep.proxy_url_for("/articles/huge"))
+        .send()
+        .await;
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(head.etag().as_deref(), Some("\"1\""));
+    assert!(head.body.is_empty());
+}
+
+// --------------------------------------------------------------- bad input
+
+#[tokio::test]
+async fn bad_body_versions_are_400_invalid_body_and_change_nothing() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/bad", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/bad");
+
+    for body in [
+        "{\"version\": 1, \"title\": ",
+        "{\"version\": \"1\"}",
+        "{\"version\": 1.5}",
+        "{\"version\": 1.0}",
+        "{\"version\": 1e0}",
+        "{\"version\": -1}",
+        "{\"version\": 0}",
+        "{\"version\": 99999999999999999999}",
+        "{\"version\": 9223372036854775808}",
+        "{\"version\": null}",
+        "{\"version\": true}",
+        "{\"version\": [1]}",
+        "{\"version\": {\"n\": 1}}",
+        "not json at all",
+    ] {
+        for method in [Method::PATCH, Method::PUT] {
+            let resp = client
+                .request(method.clone(), &url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await;
+            let doc = assert_problem(&resp, 400, "invalid-body");
+            assert!(
+                doc["detail"].as_str().unwrap().len() > 10,
+                "{method} {body}: the detail should say what is wrong: {doc}"
+            );
+        }
+    }
+
+    // The largest version lockstep accepts is well-formed, merely stale.
+    let max = client
+        .patch(&url, json!({"version": 9_223_372_036_854_775_807_i64}))
+        .send()
+        .await;
+    assert_conflict(&max, 409, 1);
+
+    assert!(writes_received(&backend, "/articles/bad").await.is_empty());
+    assert_eq!(read_version(&client, &lockstep, "/articles/bad").await, 1);
+}
+
+#[tokio::test]
+async fn garbage_if_match_is_400_invalid_precondition_and_changes_nothing() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/im", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/im");
+
+    for tag in [
+        "1",
+        "\"abc\"",
+        "\"0\"",
+        "\"-1\"",
+        "\"1.5\"",
+        "\"1",
+        "\"\"",
+        "\"99999999999999999999\"",
+        "\"1\" \"2\"",
+        "\"1\", garbage",
+        "W/1",
+    ] {
+        for method in [Method::PATCH, Method::DELETE] {
+            let resp = client
+                .request(method.clone(), &url)
+                .header("content-type", "application/json")
+                .header("if-match", tag)
+                .body("{\"title\":\"b\"}")
+                .send()
+                .await;
+            assert_problem(&resp, 400, "invalid-precondition");
+            assert_eq!(resp.etag(), None, "If-Match: {tag}: {resp:?}");
+        }
+    }
+
+    assert!(writes_received(&backend, "/articles/im").await.is_empty());
+    assert_eq!(read_version(&client, &lockstep, "/articles/im").await, 1);
+}
+
+#[tokio::test]
+async fn equivalent_paths_share_one_key_and_reach_the_backend_canonically() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/42", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let write = client
+        .patch(lockstep.proxy_url_for("/articles/%34%32/"), json!({"t": 1}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+    assert_eq!(write.etag().as_deref(), Some("\"2\""));
+
+    for path in [
+        "/articles/42",
+        "/articles/42/",
+        "//articles//42",
+        "/articles/%34%32",
+        "/articles/./42",
+        "/articles/x/../42",
+        "/other/%2e%2e/articles/42",
+    ] {
+        let resp = client.get(lockstep.proxy_url_for(path)).send().await;
+        assert_eq!(resp.status, 200, "GET {path}: {resp:?}");
+        assert_eq!(
+            resp.etag().as_deref(),
+            Some("\"2\""),
+            "GET {path}: {resp:?}"
+        );
+        let stale = client
+            .patch(lockstep.proxy_url_for(path), json!({"t": 2}))
+            .if_match(1)
+            .send()
+            .await;
+        assert_conflict(&stale, 409, 2);
+    }
+
+    let log = backend.log().await;
+    assert!(!log.is_empty());
+    for entry in &log {
+        assert_eq!(
+            entry["path"], "/articles/42",
+            "a versioned request must reach the backend on its canonical path: {entry}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn odd_versioned_paths_get_precise_4xx_and_never_reach_the_backend() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let long = format!("/articles/{}", "k".repeat(1100));
+
+    for (path, status) in [
+        ("/articles/a%2Fb", 400),
+        ("/articles/%ff", 400),
+        ("/articles/%c3%28", 400),
+        ("/articles/a%00b", 400),
+        ("/articles/a%0Ab", 400),
+        (long.as_str(), 414),
+    ] {
+        for method in [Method::GET, Method::PATCH, Method::DELETE] {
+            let resp = client
+                .request(method.clone(), lockstep.proxy_url_for(path))
+                .header("content-type", "application/json")
+                .if_match(1)
+                .body("{}")
+                .send()
+                .await;
+            let doc = assert_problem(&resp, status, "invalid-path");
+            assert!(
+                !doc["detail"].as_str().unwrap().is_empty(),
+                "{method} {path}: {doc}"
+            );
+        }
+    }
+    let log = backend.log().await;
+    assert!(log.is_empty(), "the backend saw: {log:?}");
+}
+
+#[tokio::test]
+async fn a_write_whose_path_resolves_to_an_item_is_never_forwarded_unversioned() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/n", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    // RFC 3986 dot-segment removal turns each of these into /articles/n; a
+    // backend that normalises would apply the write there.
+    for path in ["/articles/n/%ff/..", "/articles/%ff/../n"] {
+        let resp = client
+            .patch(lockstep.proxy_url_for(path), json!({"title": "sneaky"}))
+            .if_match(7)
+            .send()
+            .await;
+        assert!(
+            resp.status == 409 || resp.status == 400,
+            "PATCH {path} with a stale If-Match must be refused (409, or 400 invalid-path), got {resp:?}"
+        );
+        assert_eq!(
+            resp.content_type().as_deref(),
+            Some("application/problem+json"),
+            "PATCH {path}: {resp:?}"
+        );
+    }
+    let log = backend.log().await;
+    assert!(
+        log.is_empty(),
+        "a write on a path that resolves to a versioned item reached the backend unversioned: {log:?}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_raw_requests_get_4xx_never_500_and_never_hang() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/1", json!({"title": "a"})).await;
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("max_header_bytes = 16384")
+        .start();
+    let addr = lockstep.proxy_addr();
+    let big_header = format!(
+        "GET /articles/1 HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(100_000)
+    );
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage line", b"GARBAGE\r\n\r\n".to_vec()),
+        (
+            "non-numeric Content-Length",
+            b"PATCH /articles/1 HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "two different Content-Lengths",
+            b"PATCH /articles/1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\nConnection: close\r\n\r\n{}".to_vec(),
+        ),
+        (
+            "header line without a colon",
+            b"GET /articles/1 HTTP/1.1\r\nHost: x\r\nBad Header Line\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "relative request target",
+            b"GET articles/1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "NUL in a header value",
+            b"GET /articles/1 HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        ("oversized header", big_header.into_bytes()),
+        (
+            "bad chunk size on a versioned write",
+            b"PATCH /articles/1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\nIf-Match: \"1\"\r\nConnection: close\r\n\r\nZZZ\r\n{}\r\n0\r\n\r\n".to_vec(),
+        ),
+        (
+            "non-ASCII If-Match",
+            b"PATCH /articles/1 HTTP/1.1\r\nHost: x\r\nIf-Match: \"\xff\xfe\"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}".to_vec(),
+        ),
+        (
+            "invalid UTF-8 JSON body",
+            b"PUT /articles/1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\nConnection: close\r\n\r\n{\"t\":\"\xff\xfe\"}".to_vec(),
+        ),
+        (
+            "raw control byte in a versioned path",
+            b"GET /articles/a\x01b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "bad percent-encoding in a versioned path",
+            b"DELETE /articles/%zz HTTP/1.1\r\nHost: x\r\nIf-Match: \"1\"\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+    ];
+
+    for (what, request) in cases {
+        let started = Instant::now();
+        let answer = raw_http1_with_timeouts(
+            addr,
+            &request,
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+        .await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(4),
+            "{what}: no answer and no close within {took:?}: {answer:?}"
+        );
+        let status = raw_status(&answer);
+        eprintln!("{what}: {status:?} in {took:?}");
+        assert!(
+            matches!(status, Some(400..=499)),
+            "{what}: expected a 4xx, got {status:?}: {answer:?}"
+        );
+    }
+
+    // Still serving, and nothing changed.
+    let client = Client::new();
+    assert_eq!(read_version(&client, &lockstep, "/articles/1").await, 1);
+    assert!(writes_received(&backend, "/articles/1").await.is_empty());
+}

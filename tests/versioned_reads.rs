@@ -1,0 +1,399 @@
+//! Reads through the versioning proxy (SPEC.md "Versions", reads; issue 2
+//! point 2): `GET`/`HEAD` on an item route carry `ETag: "<version>"` and the
+//! body's `version` member, `If-None-Match` is answered by lockstep, and
+//! reads never change a version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod versioned_support;
+
+use common::{Backend, Client, Lockstep};
+use serde_json::json;
+use versioned_support::{logged_header, read_version, received, seed};
+
+#[tokio::test]
+async fn get_returns_the_backend_body_with_etag_1_and_version_1() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/42",
+        json!({"title": "hello", "tags": ["a", "b"]}),
+    )
+    .await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/42"))
+        .send()
+        .await;
+
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+    assert_eq!(
+        resp.json(),
+        json!({"title": "hello", "tags": ["a", "b"], "version": 1})
+    );
+    assert_eq!(resp.content_type().as_deref(), Some("application/json"));
+    assert_eq!(
+        resp.header("content-length"),
+        Some(resp.body.len().to_string()),
+        "Content-Length must match the stamped body: {resp:?}"
+    );
+}
+
+#[tokio::test]
+async fn get_replaces_the_backends_etag_with_the_version() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/7", json!({"title": "t"})).await;
+    // A second backend write, so the backend's own tag is "backend-2".
+    seed(&backend, "/articles/7", json!({"title": "t2"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/7"))
+        .send()
+        .await;
+
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(
+        resp.header_all("etag"),
+        vec!["\"1\"".to_owned()],
+        "exactly one ETag, lockstep's: {resp:?}"
+    );
+}
+
+#[tokio::test]
+async fn get_overwrites_a_version_member_the_backend_stored() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/v",
+        json!({"title": "t", "version": 99}),
+    )
+    .await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/v"))
+        .send()
+        .await;
+
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.json(), json!({"title": "t", "version": 1}));
+    assert_eq!(resp.etag_version(), Some(1));
+}
+
+#[tokio::test]
+async fn head_has_the_headers_of_get_and_no_body() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/h",
+        json!({"title": "head me", "n": 12345}),
+    )
+    .await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/h");
+
+    let get = client.get(&url).send().await;
+    let head = client.head(&url).send().await;
+
+    assert_eq!(get.status, 200, "{get:?}");
+    assert_eq!(head.status, 200, "{head:?}");
+    assert!(head.body.is_empty(), "HEAD must have no body: {head:?}");
+    assert_eq!(head.etag().as_deref(), Some("\"1\""), "{head:?}");
+    assert_eq!(head.etag(), get.etag());
+    assert_eq!(head.content_type(), get.content_type());
+    assert_eq!(
+        head.header("content-length"),
+        Some(get.body.len().to_string()),
+        "HEAD's Content-Length must be that of the stamped GET body: get={get:?} head={head:?}"
+    );
+}
+
+#[tokio::test]
+async fn if_none_match_with_the_current_version_gets_304_without_forwarding_the_header() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/c", json!({"title": "cached"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/c");
+
+    for tags in ["\"1\"", "W/\"1\"", "\"7\", \"1\""] {
+        let resp = client.get(&url).header("if-none-match", tags).send().await;
+        assert_eq!(resp.status, 304, "If-None-Match: {tags}: {resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+        assert!(resp.body.is_empty(), "a 304 has no body: {resp:?}");
+    }
+
+    let head = client
+        .head(&url)
+        .header("if-none-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(
+        head.status, 304,
+        "HEAD with a matching If-None-Match: {head:?}"
+    );
+
+    for entry in backend.log_for("/articles/c").await {
+        assert!(
+            logged_header(&entry, "if-none-match").is_empty(),
+            "If-None-Match reached the backend: {entry}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn if_none_match_with_another_version_gets_200_and_the_body() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/n", json!({"title": "fresh"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/n");
+
+    let resp = client
+        .get(&url)
+        .header("if-none-match", "\"2\"")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""));
+    assert_eq!(resp.json(), json!({"title": "fresh", "version": 1}));
+
+    // After a write the old tag no longer matches.
+    let patch = client
+        .patch(&url, json!({"title": "newer"}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(patch.status, 200, "{patch:?}");
+    let resp = client
+        .get(&url)
+        .header("if-none-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"2\""));
+    assert_eq!(resp.json(), json!({"title": "newer", "version": 2}));
+}
+
+#[tokio::test]
+async fn non_2xx_reads_pass_through_unchanged_without_etag() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/e", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let missing = client
+        .get(lockstep.proxy_url_for("/articles/missing"))
+        .header("if-none-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(missing.status, 404, "{missing:?}");
+    assert_eq!(missing.json(), json!({"error": "not found"}));
+    assert_eq!(missing.content_type().as_deref(), Some("application/json"));
+    assert_eq!(missing.etag(), None, "{missing:?}");
+
+    let failing = client
+        .get(lockstep.proxy_url_for("/articles/e"))
+        .header("x-backend-status", "500")
+        .send()
+        .await;
+    assert_eq!(failing.status, 500, "{failing:?}");
+    assert_eq!(failing.json(), json!({"error": "forced"}));
+    assert_eq!(failing.etag(), None, "{failing:?}");
+}
+
+#[tokio::test]
+async fn non_json_2xx_gets_an_etag_and_an_untouched_body() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/p", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/p");
+
+    let plain = client
+        .get(&url)
+        .header("x-backend-body", "hello, \"version\": world")
+        .header("x-backend-content-type", "text/plain")
+        .send()
+        .await;
+    assert_eq!(plain.status, 200, "{plain:?}");
+    assert_eq!(plain.etag().as_deref(), Some("\"1\""), "{plain:?}");
+    assert_eq!(plain.text(), "hello, \"version\": world");
+    assert_eq!(plain.content_type().as_deref(), Some("text/plain"));
+
+    // A JSON object labelled as text is not JSON to lockstep either.
+    let labelled = client
+        .get(&url)
+        .header("x-backend-body", "{\"a\":1}")
+        .header("x-backend-content-type", "text/plain")
+        .send()
+        .await;
+    assert_eq!(labelled.status, 200, "{labelled:?}");
+    assert_eq!(labelled.etag().as_deref(), Some("\"1\""));
+    assert_eq!(labelled.text(), "{\"a\":1}");
+}
+
+#[tokio::test]
+async fn json_arrays_and_scalars_are_not_stamped() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/a", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/a");
+
+    for body in ["[{\"id\":1},{\"id\":2}]", "42", "\"text\"", "null"] {
+        let resp = client.get(&url).header("x-backend-body", body).send().await;
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+        assert_eq!(resp.text(), body, "a JSON {body} must pass byte for byte");
+    }
+}
+
+#[tokio::test]
+async fn json_object_with_a_plus_json_media_type_is_stamped() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/j", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/j"))
+        .header("x-backend-body", "{\"data\":{\"x\":1}}")
+        .header("x-backend-content-type", "application/vnd.api+json")
+        .send()
+        .await;
+
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""));
+    assert_eq!(resp.json(), json!({"data": {"x": 1}, "version": 1}));
+    assert_eq!(
+        resp.header("content-length"),
+        Some(resp.body.len().to_string())
+    );
+}
+
+#[tokio::test]
+async fn items_never_written_read_as_version_1_on_auto_collections() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/autos/9"))
+        .send()
+        .await;
+
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.json(), json!({"id": "9", "version": 1}));
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""));
+}
+
+#[tokio::test]
+async fn many_reads_leave_the_version_at_1_and_a_write_expecting_1_succeeds() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/r", json!({"title": "read me"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/r");
+
+    for i in 0..20 {
+        let resp = if i % 2 == 0 {
+            client.get(&url).send().await
+        } else {
+            client.head(&url).send().await
+        };
+        assert_eq!(resp.status, 200, "read {i}: {resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"1\""), "read {i}: {resp:?}");
+    }
+
+    let write = client
+        .patch(&url, json!({"title": "written"}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+    assert_eq!(write.etag().as_deref(), Some("\"2\""));
+    assert_eq!(read_version(&client, &lockstep, "/articles/r").await, 2);
+}
+
+#[tokio::test]
+async fn a_read_after_a_write_carries_the_new_version_and_the_new_body() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/w", json!({"title": "old"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/w");
+
+    let write = client
+        .patch(&url, json!({"title": "new"}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+
+    let resp = client.get(&url).send().await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"2\""));
+    assert_eq!(resp.json(), json!({"title": "new", "version": 2}));
+}
+
+#[tokio::test]
+async fn the_query_string_is_forwarded_but_not_part_of_the_key() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/q", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let write = client
+        .patch(
+            lockstep.proxy_url_for("/articles/q?lang=en&x=1"),
+            json!({"title": "u"}),
+        )
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+    assert_eq!(write.etag().as_deref(), Some("\"2\""));
+
+    let read = client
+        .get(lockstep.proxy_url_for("/articles/q?lang=fr"))
+        .send()
+        .await;
+    assert_eq!(read.etag().as_deref(), Some("\"2\""), "{read:?}");
+
+    let patches = received(&backend, "PATCH", "/articles/q").await;
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    assert_eq!(patches[0]["query"], "lang=en&x=1");
+    let gets = received(&backend, "GET", "/articles/q").await;
+    assert_eq!(gets.len(), 1, "{gets:?}");
+    assert_eq!(gets[0]["query"], "lang=fr");
+}
+
+#[tokio::test]
+async fn reads_ask_the_backend_for_an_unencoded_body_and_drop_conditional_headers() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/g", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/g"))
+        .header("accept-encoding", "gzip, br")
+        .header("if-match", "\"1\"")
+        .header("if-none-match", "\"5\"")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.json()["version"], 1);
+
+    let gets = received(&backend, "GET", "/articles/g").await;
+    assert_eq!(gets.len(), 1, "{gets:?}");
+    for header in ["if-match", "if-none-match", "accept-encoding"] {
+        assert!(
+            logged_header(&gets[0], header).is_empty(),
+            "{header} reached the backend: {}",
+            gets[0]
+        );
+    }
+}
