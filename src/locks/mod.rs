@@ -177,8 +177,11 @@ impl Locks {
             .ok_or_else(|| {
                 Error::InvalidRequest("DELETE needs a Lock-Owner header naming the holder".into())
             })?
-            .to_str()
-            .map_err(|_| Error::InvalidRequest("Lock-Owner must be visible ASCII".into()))?
+            .as_bytes();
+        // Owners are UTF-8 (they come from JSON bodies); the header carries
+        // the same bytes.
+        let owner = std::str::from_utf8(owner)
+            .map_err(|_| Error::InvalidRequest("Lock-Owner must be UTF-8".into()))?
             .to_string();
         check_name("Lock-Owner", &owner)?;
         match self.store.release(resource, &owner).await? {

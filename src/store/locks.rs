@@ -71,12 +71,19 @@ impl LockSql {
             ),
             // Only rows whose token the floor already covers (raised by an
             // earlier sweep) are removed.
+            // The conditions stand in the outer WHERE too: under READ
+            // COMMITTED, PostgreSQL re-checks only the outer WHERE against a
+            // row that was reclaimed after the subquery picked it, and a
+            // live lock must never be deleted.
             sweep_delete: format!(
-                "DELETE FROM locks WHERE resource IN ( \
-                   SELECT resource FROM locks \
-                   WHERE expires_at <= {now} - $1 \
-                     AND fencing_token <= (SELECT token FROM lock_token_floor WHERE id = 1) \
-                   LIMIT $2) \
+                "DELETE FROM locks \
+                 WHERE resource IN ( \
+                     SELECT resource FROM locks \
+                     WHERE expires_at <= {now} - $1 \
+                       AND fencing_token <= (SELECT token FROM lock_token_floor WHERE id = 1) \
+                     LIMIT $2) \
+                   AND expires_at <= {now} - $1 \
+                   AND fencing_token <= (SELECT token FROM lock_token_floor WHERE id = 1) \
                  RETURNING resource"
             ),
             sweep_raise_floor: format!(

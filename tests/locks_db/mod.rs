@@ -1,0 +1,149 @@
+//! Per-database set-up for the lock API tests (`tests/locks_api.rs`,
+//! `tests/locks_races.rs`): every test is written once as
+//! `async fn name(db: DbKind)` and [`db_tests!`] turns it into two
+//! `#[tokio::test]`s, one on a fresh SQLite file and one on a fresh
+//! PostgreSQL database (created on the server named by
+//! `LOCKSTEP_TEST_POSTGRES_URL`; skipped loudly when that is unset).
+#![allow(dead_code)]
+
+use std::str::FromStr;
+
+use tempfile::TempDir;
+
+use crate::common::{sqlite_url, Lockstep, LockstepBuilder};
+
+/// Which database a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh, empty database that outlives any one lockstep process (restart
+/// tests start a second lockstep on the same [`Db::url`]).
+pub struct Db {
+    pub kind: DbKind,
+    url: String,
+    _dir: Option<TempDir>,
+}
+
+impl Db {
+    /// A fresh database of `kind`. Panics for PostgreSQL when no server is
+    /// configured; [`db_tests!`] checks [`postgres_admin_url`] first.
+    pub async fn fresh(kind: DbKind) -> Db {
+        match kind {
+            DbKind::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                Db {
+                    kind,
+                    url: sqlite_url(dir.path()),
+                    _dir: Some(dir),
+                }
+            }
+            DbKind::Postgres => {
+                let admin = postgres_admin_url().expect("LOCKSTEP_TEST_POSTGRES_URL is set");
+                let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+                let conn = sqlx::PgPool::connect(&admin)
+                    .await
+                    .expect("connect to the test PostgreSQL server");
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&conn)
+                    .await
+                    .expect("CREATE DATABASE");
+                conn.close().await;
+                let base = admin
+                    .rsplit_once('/')
+                    .expect("LOCKSTEP_TEST_POSTGRES_URL ends in /DBNAME")
+                    .0;
+                Db {
+                    kind,
+                    url: format!("{base}/{name}"),
+                    _dir: None,
+                }
+            }
+        }
+    }
+
+    /// The `--database` URL of this database.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A lockstep builder already pointed at this database.
+    pub fn lockstep(&self) -> LockstepBuilder {
+        Lockstep::builder().database(self.url.clone())
+    }
+
+    /// How many rows the `locks` table holds: for "bad input stores
+    /// nothing" checks where no GET can name what a bad request might have
+    /// stored.
+    pub async fn lock_rows(&self) -> i64 {
+        let sql = "SELECT COUNT(*) FROM locks";
+        match self.kind {
+            DbKind::Sqlite => {
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)
+                    .expect("sqlite url")
+                    .read_only(true);
+                let pool = sqlx::SqlitePool::connect_with(options)
+                    .await
+                    .expect("open the SQLite file");
+                let n: i64 = sqlx::query_scalar(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count lock rows");
+                pool.close().await;
+                n
+            }
+            DbKind::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url)
+                    .await
+                    .expect("connect to the test database");
+                let n: i64 = sqlx::query_scalar(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count lock rows");
+                pool.close().await;
+                n
+            }
+        }
+    }
+}
+
+/// The PostgreSQL server URL, or `None` with a loud message.
+pub fn postgres_admin_url() -> Option<String> {
+    match std::env::var("LOCKSTEP_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!(
+                "SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; the PostgreSQL variant of this \
+                 lock test did not run (scripts/test sets it)"
+            );
+            None
+        }
+    }
+}
+
+/// `db_tests!(a, b)` makes `sqlite::a`, `postgres::a`, `sqlite::b`, … from
+/// `async fn a(db: DbKind)` and `async fn b(db: DbKind)` in the calling file.
+macro_rules! db_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::locks_db::DbKind::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if $crate::locks_db::postgres_admin_url().is_some() {
+                        super::$name($crate::locks_db::DbKind::Postgres).await;
+                    }
+                }
+            )*
+        }
+    };
+}
