@@ -135,7 +135,7 @@ where
                 .bind(resource.to_string())
                 .bind(owner.to_string())
                 .bind(millis(ttl))
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.writer)
                 .await?;
             if let Some(row) = row {
                 let lock = record(&row)?;
@@ -167,7 +167,7 @@ where
     async fn get(&self, resource: &str) -> Result<Option<LockRecord>> {
         let row = sqlx::query::<DB>(&self.locks.get_live)
             .bind(resource.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.readers)
             .await?;
         row.as_ref().map(record).transpose()
     }
@@ -176,7 +176,7 @@ where
         let row = sqlx::query::<DB>(&self.locks.release)
             .bind(resource.to_string())
             .bind(owner.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writer)
             .await?;
         if let Some(row) = row {
             self.wakeups.notify(Topic::Lock, resource);
@@ -190,7 +190,7 @@ where
             .bind(resource.to_string())
             .bind(owner.to_string())
             .bind(millis(ttl))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writer)
             .await?;
         match row {
             Some(row) => Ok(LockChange::Done(record(&row)?)),
@@ -202,12 +202,12 @@ where
         let removed = sqlx::query::<DB>(&self.locks.sweep_delete)
             .bind(millis(retention))
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.writer)
             .await?
             .len() as u64;
         sqlx::query::<DB>(&self.locks.sweep_raise_floor)
             .bind(millis(retention))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(removed)
     }
@@ -227,7 +227,7 @@ where
     async fn diagnose(&self, resource: &str) -> Result<LockChange> {
         let row = sqlx::query::<DB>(&self.locks.get_any)
             .bind(resource.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.readers)
             .await?;
         let Some(row) = row else {
             return Ok(LockChange::Missing { expired: None });

@@ -30,5 +30,5 @@ pub async fn connect(
         .connect_with(options)
         .await?;
     MIGRATOR.run(&pool).await?;
-    Ok(SqlStore::new(pool, DIALECT))
+    Ok(SqlStore::new(pool.clone(), pool, DIALECT))
 }

@@ -24,7 +24,14 @@ pub struct Dialect {
 }
 
 pub struct SqlStore<DB: Database> {
-    pub(super) pool: Pool<DB>,
+    /// Runs the reads (`current`, `get`, readiness).
+    pub(super) readers: Pool<DB>,
+    /// Runs every conditional write. On SQLite a pool of one connection:
+    /// SQLite has a single write lock, and writers queued in one pool are
+    /// served in order instead of racing in the busy handler (which starves
+    /// some of them for seconds under load). On PostgreSQL the same pool as
+    /// the readers.
+    pub(super) writer: Pool<DB>,
     pub(super) versions: VersionSql,
     pub(super) locks: LockSql,
     pub(super) wakeups: Wakeups,
@@ -32,9 +39,10 @@ pub struct SqlStore<DB: Database> {
 }
 
 impl<DB: Database> SqlStore<DB> {
-    pub fn new(pool: Pool<DB>, dialect: Dialect) -> Self {
+    pub fn new(readers: Pool<DB>, writer: Pool<DB>, dialect: Dialect) -> Self {
         Self {
-            pool,
+            readers,
+            writer,
             versions: VersionSql::new(dialect.now_ms),
             locks: LockSql::new(dialect.now_ms),
             wakeups: Wakeups::new(),
@@ -42,8 +50,8 @@ impl<DB: Database> SqlStore<DB> {
         }
     }
 
-    pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
+    pub fn readers(&self) -> &Pool<DB> {
+        &self.readers
     }
 }
 
@@ -60,7 +68,7 @@ where
     async fn ping(&self) -> Result<()> {
         // Reads a migrated table, so "reachable but not migrated" fails too.
         sqlx::query("SELECT 1 FROM lock_token_floor WHERE id = 1")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.readers)
             .await?;
         Ok(())
     }

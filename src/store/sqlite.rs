@@ -4,8 +4,9 @@
 //! power loss: WAL journal with `synchronous = FULL` fsyncs the log on every
 //! commit. (`NORMAL` would be faster but can lose the last commits on power
 //! loss, and a version that was handed out and then forgotten would be handed
-//! out again: a lost update.) `busy_timeout` lets writers from several pool
-//! connections queue on SQLite's single write lock instead of failing.
+//! out again: a lost update.) All writes go through one connection; other
+//! processes sharing the file (a second replica in tests) queue on SQLite's
+//! write lock through `busy_timeout`.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -21,6 +22,9 @@ pub const DIALECT: Dialect = Dialect {
     now_ms: "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
 };
 
+/// Upper bound on reader connections, whatever `database.max_connections`.
+const MAX_READERS: u32 = 4;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqlite>, sqlx::Error> {
@@ -35,19 +39,33 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(5))
         .foreign_keys(true);
-    let mut pool = SqlitePoolOptions::new()
-        .acquire_timeout(settings.acquire_timeout)
-        .max_connections(settings.max_connections);
     if memory {
         // Every connection to `sqlite::memory:` is its own database: keep
-        // exactly one, forever.
-        pool = pool
+        // exactly one, forever, for reads and writes alike.
+        let pool = SqlitePoolOptions::new()
+            .acquire_timeout(settings.acquire_timeout)
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
-            .max_lifetime(None);
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        return Ok(SqlStore::new(pool.clone(), pool, DIALECT));
     }
-    let pool = pool.connect_with(options).await?;
-    MIGRATOR.run(&pool).await?;
-    Ok(SqlStore::new(pool, DIALECT))
+    // One writer connection (see `SqlStore::writer`), and a few readers:
+    // reads run in parallel under WAL, but each pooled connection is a
+    // thread of its own, and more of them than cores only adds switching.
+    let writer = SqlitePoolOptions::new()
+        .acquire_timeout(settings.acquire_timeout)
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await?;
+    MIGRATOR.run(&writer).await?;
+    let readers = SqlitePoolOptions::new()
+        .acquire_timeout(settings.acquire_timeout)
+        .max_connections(settings.max_connections.clamp(1, MAX_READERS))
+        .connect_with(options)
+        .await?;
+    Ok(SqlStore::new(readers, writer, DIALECT))
 }

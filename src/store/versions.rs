@@ -103,7 +103,7 @@ where
     async fn current(&self, key: &str) -> Result<VersionState> {
         let row = sqlx::query::<DB>(&self.versions.current)
             .bind(key.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.readers)
             .await?;
         let Some(row) = row else {
             return Ok(VersionState {
@@ -139,7 +139,7 @@ where
                 .bind(key.to_string())
                 .bind(lease_id.to_string())
                 .bind(millis(lease))
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.writer)
                 .await?;
             match inserted {
                 Some(row) => Some(row),
@@ -166,7 +166,7 @@ where
         sqlx::query::<DB>(&self.versions.abort)
             .bind(key.to_string())
             .bind(lease_id.to_string())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         self.wakeups.notify(Topic::Version, key);
         Ok(())
@@ -180,7 +180,7 @@ where
     async fn created(&self, key: &str) -> Result<i64> {
         let row = sqlx::query::<DB>(&self.versions.created)
             .bind(key.to_string())
-            .fetch_one(&self.pool)
+            .fetch_one(&self.writer)
             .await?;
         Ok(row.try_get(0)?)
     }
@@ -207,7 +207,7 @@ where
             .bind(lease_id.to_string())
             .bind(millis(lease))
             .bind(expected)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writer)
             .await?)
     }
 
@@ -215,7 +215,7 @@ where
         let row = sqlx::query::<DB>(sql)
             .bind(key.to_string())
             .bind(lease_id.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writer)
             .await?;
         Ok(match row {
             Some(row) => Some(row.try_get(0)?),

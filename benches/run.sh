@@ -1,0 +1,669 @@
+#!/usr/bin/env bash
+# Benchmarks lockstep against its peers in one run, on 127.0.0.1 only, and
+# prints a Markdown report (also written to benches/results/latest.md).
+#
+#   benches/run.sh
+#
+# HTTP rows (wrk, GET, keep-alive):
+#   1 direct backend          nginx answering a fixed JSON body
+#   2 nginx reverse proxy     nginx proxy_pass (upstream keepalive) -> row 1's nginx
+#   3 lockstep passthrough    GET /plain/1 through lockstep (matches no [[resources]])
+#   4 lockstep versioned GET  GET /articles/1 through lockstep (versioned read, SQLite)
+# Lock rows (acquire+release pairs, one resource per client):
+#   5 lockstep lock API       POST + DELETE /locks/{r} on the admin listener (SQLite)
+#   6 SQLite direct           lockstep's own acquire/release SQL, no HTTP (Python)
+#   7 Redis                   one EVAL per pair: SET NX PX + owner-checked DEL
+#   8 Redis, fsync always     as 7 with appendonly yes, appendfsync always
+#
+# Environment:
+#   BENCH_DURATION=8        seconds per measured run (1..10)
+#   BENCH_CONNECTIONS=64    wrk connections for the HTTP rows
+#   BENCH_THREADS=2         wrk threads for the HTTP rows
+#   BENCH_WARMUP=2          seconds of warm-up before each measured run (0..10)
+#   BENCH_LOCK_CLIENTS=32   concurrent clients for the lock rows
+#   BENCH_ROUNDS=1          run rows 1-6 this many times, interleaved, and report
+#                           each row's median round (steadier ratios on a busy machine)
+#   BENCH_SKIP_BUILD=1      use the existing target/release/lockstep
+#   BENCH_SKIP_INSTALL=1    never call apt-get
+#   BENCH_KEEP_TMP=1        keep the temp dir (configs, logs, raw wrk output)
+#   BENCH_OUT=FILE          where to write the report (default benches/results/latest.md)
+#
+# Needs: nginx, wrk, redis-server + redis-benchmark, sqlite3, curl, python3
+# (installed from Debian when missing), cargo. Not PostgreSQL.
+
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+
+DURATION=${BENCH_DURATION:-8}
+CONNECTIONS=${BENCH_CONNECTIONS:-64}
+THREADS=${BENCH_THREADS:-2}
+WARMUP=${BENCH_WARMUP:-2}
+LOCK_CLIENTS=${BENCH_LOCK_CLIENTS:-32}
+ROUNDS=${BENCH_ROUNDS:-1}
+OUT=${BENCH_OUT:-$HERE/results/latest.md}
+export LOCK_TTL_MS=30000 # lock_pairs.lua reads it too
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+for v in DURATION CONNECTIONS THREADS WARMUP LOCK_CLIENTS ROUNDS; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "BENCH_$v must be a whole number, got '${!v}'"
+done
+((DURATION >= 1 && DURATION <= 10)) || die "BENCH_DURATION must lie in 1..10 seconds (got $DURATION)"
+((WARMUP <= 10)) || die "BENCH_WARMUP must lie in 0..10 seconds (got $WARMUP)"
+((THREADS >= 1 && CONNECTIONS >= THREADS)) || die "need BENCH_CONNECTIONS >= BENCH_THREADS >= 1"
+((LOCK_CLIENTS >= 1 && LOCK_CLIENTS <= 256)) || die "BENCH_LOCK_CLIENTS must lie in 1..256"
+((ROUNDS >= 1 && ROUNDS <= 9)) || die "BENCH_ROUNDS must lie in 1..9"
+
+# ---------------------------------------------------------------- tools ----
+
+install_missing() {
+    local pkgs=() nginx_pkg=nginx
+    command -v nginx >/dev/null || pkgs+=(NGINX)
+    command -v wrk >/dev/null || pkgs+=(wrk)
+    command -v redis-server >/dev/null || pkgs+=(redis-server)
+    { command -v redis-cli && command -v redis-benchmark; } >/dev/null || pkgs+=(redis-tools)
+    command -v sqlite3 >/dev/null || pkgs+=(sqlite3)
+    command -v curl >/dev/null || pkgs+=(curl)
+    command -v python3 >/dev/null || pkgs+=(python3)
+    ((${#pkgs[@]} == 0)) && return 0
+    [[ ${BENCH_SKIP_INSTALL:-0} == 1 ]] && die "missing tools (${pkgs[*]}) and BENCH_SKIP_INSTALL=1"
+    command -v apt-get >/dev/null || die "missing tools (${pkgs[*]}) and no apt-get to install them"
+    local sudo=()
+    if ((EUID != 0)); then
+        command -v sudo >/dev/null || die "missing tools (${pkgs[*]}); run as root or install them"
+        sudo=(sudo)
+    fi
+    log "installing from Debian: ${pkgs[*]}"
+    "${sudo[@]}" apt-get update -qq >&2
+    # nginx-light (Debian <= 12) is the smallest build with what is needed here.
+    if apt-cache policy nginx-light 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+        nginx_pkg=nginx-light
+    fi
+    pkgs=("${pkgs[@]/NGINX/$nginx_pkg}")
+    # In containers policy-rc.d keeps the packaged services from starting;
+    # nothing here uses them: every server below is started on its own ports.
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
+}
+
+install_missing
+export PATH="$PATH:/usr/sbin:/sbin" # nginx lives in /usr/sbin
+
+if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
+    log "cargo build --release"
+    (cd "$ROOT" && cargo build --release >&2)
+fi
+target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
+[[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
+LOCKSTEP=$target_dir/release/lockstep
+[[ -x $LOCKSTEP ]] || die "no lockstep binary at $LOCKSTEP"
+# Flush what the build wrote, or its write-back slows the fsync-bound lock rows.
+sync
+
+# ------------------------------------------------------ temp dir, cleanup ----
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-bench.XXXXXX")
+chmod 755 "$TMP" # nginx workers drop root; they must reach their temp paths
+PIDS=()
+
+cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    # Each server was started as its own process group (setsid): signal the
+    # group so nginx workers go with their master.
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        for _ in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then
+        log "kept $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CMD... : runs CMD in its own session, logs to $TMP/NAME.log
+start() {
+    local name=$1
+    shift
+    setsid "$@" >"$TMP/$name.log" 2>&1 </dev/null &
+    PIDS+=("$!")
+    LAST_PID=$!
+}
+
+free_ports() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# wait_http NAME PID URL: until URL answers 200 (30 s)
+wait_http() {
+    local name=$1 pid=$2 url=$3 code
+    for _ in $(seq 1 300); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)
+        [[ $code == 200 ]] && return 0
+        kill -0 "$pid" 2>/dev/null || {
+            tail -20 "$TMP/$name.log" >&2 || true
+            die "$name exited during start-up"
+        }
+        sleep 0.1
+    done
+    tail -20 "$TMP/$name.log" >&2 || true
+    die "$name not ready at $url after 30 s"
+}
+
+wait_redis() {
+    local name=$1 pid=$2 port=$3
+    for _ in $(seq 1 300); do
+        [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true) == PONG ]] && return 0
+        kill -0 "$pid" 2>/dev/null || {
+            tail -20 "$TMP/$name.log" >&2 || true
+            die "$name exited during start-up"
+        }
+        sleep 0.1
+    done
+    die "$name not ready on port $port after 30 s"
+}
+
+read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN P_REDIS P_REDIS_FSYNC < <(free_ports 6)
+
+# --------------------------------------------------------------- servers ----
+
+nginx_conf() { # nginx_conf NAME  (http{} body on stdin)
+    local dir=$TMP/$1
+    mkdir -p "$dir/tmp"
+    {
+        cat <<EOF
+worker_processes auto;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 60s;
+EOF
+        cat
+        echo "}"
+    } >"$dir/nginx.conf"
+}
+
+nginx_conf nginx-backend <<EOF
+    server {
+        listen 127.0.0.1:$P_BACKEND;
+        default_type application/json;
+        location / { return 200 '{"id":"1","title":"hello"}'; }
+    }
+EOF
+
+nginx_conf nginx-proxy <<EOF
+    upstream backend {
+        server 127.0.0.1:$P_BACKEND;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$P_PROXY;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+EOF
+
+cat >"$TMP/lockstep.toml" <<EOF
+[server]
+listen = "127.0.0.1:$P_LOCKSTEP"
+admin_listen = "127.0.0.1:$P_ADMIN"
+drain_timeout_ms = 2000
+
+[upstream]
+url = "http://127.0.0.1:$P_BACKEND"
+
+[database]
+url = "sqlite://$TMP/bench.db"
+
+[log]
+level = "warn"
+
+[[resources]]
+pattern = "/articles/{id}"
+EOF
+
+for name in nginx-backend nginx-proxy; do
+    nginx -t -q -e "$TMP/$name/error.log" -p "$TMP/$name" -c "$TMP/$name/nginx.conf" 2>"$TMP/$name.check" ||
+        {
+            cat "$TMP/$name.check" >&2
+            die "$name: bad config"
+        }
+done
+
+log "starting nginx backend on :$P_BACKEND and nginx proxy on :$P_PROXY"
+start nginx-backend nginx -e "$TMP/nginx-backend/error.log" -p "$TMP/nginx-backend" -c "$TMP/nginx-backend/nginx.conf"
+BACKEND_GROUP=$LAST_PID
+wait_http nginx-backend "$LAST_PID" "http://127.0.0.1:$P_BACKEND/"
+start nginx-proxy nginx -e "$TMP/nginx-proxy/error.log" -p "$TMP/nginx-proxy" -c "$TMP/nginx-proxy/nginx.conf"
+PROXY_GROUP=$LAST_PID
+wait_http nginx-proxy "$LAST_PID" "http://127.0.0.1:$P_PROXY/"
+
+log "starting lockstep on :$P_LOCKSTEP (admin :$P_ADMIN)"
+# The environment must not override the benchmark's configuration.
+while read -r var; do unset "$var"; done < <(compgen -e | grep '^LOCKSTEP_' || true)
+"$LOCKSTEP" check-config --config "$TMP/lockstep.toml" >&2 || die "lockstep rejected the benchmark config"
+start lockstep "$LOCKSTEP" serve --config "$TMP/lockstep.toml"
+LOCKSTEP_PID=$LAST_PID
+wait_http lockstep "$LOCKSTEP_PID" "http://127.0.0.1:$P_ADMIN/readyz"
+
+log "starting redis on :$P_REDIS (no persistence) and :$P_REDIS_FSYNC (appendfsync always)"
+mkdir -p "$TMP/redis" "$TMP/redis-fsync"
+start redis redis-server --bind 127.0.0.1 --port "$P_REDIS" --dir "$TMP/redis" \
+    --save "" --appendonly no --daemonize no --protected-mode yes
+wait_redis redis "$LAST_PID" "$P_REDIS"
+start redis-fsync redis-server --bind 127.0.0.1 --port "$P_REDIS_FSYNC" --dir "$TMP/redis-fsync" \
+    --save "" --appendonly yes --appendfsync always --daemonize no --protected-mode yes
+wait_redis redis-fsync "$LAST_PID" "$P_REDIS_FSYNC"
+
+# ---------------------------------------------------------- sanity checks ----
+
+NOTES=()
+note() { NOTES+=("$*"); }
+
+# check_get NAME URL: must be 200 with the backend's body; sets CHECK_ETAG
+# ("none" when absent) and CHECK_BODY
+check_get() {
+    local name=$1 url=$2 hdr code
+    hdr=$TMP/check-$name.headers
+    CHECK_BODY=$(curl -s -D "$hdr" --max-time 5 "$url") || die "$name: GET $url failed"
+    code=$(awk 'NR==1 {print $2}' "$hdr")
+    [[ $code == 200 ]] || die "$name: GET $url answered $code: $CHECK_BODY"
+    [[ $CHECK_BODY == *'"title":"hello"'* ]] || die "$name: GET $url: unexpected body $CHECK_BODY"
+    CHECK_ETAG=$(awk 'tolower($1)=="etag:" {sub(/\r$/, "", $2); print $2}' "$hdr")
+    CHECK_ETAG=${CHECK_ETAG:-none}
+}
+
+check_get backend "http://127.0.0.1:$P_BACKEND/articles/1"
+check_get nginx-proxy "http://127.0.0.1:$P_PROXY/articles/1"
+check_get passthrough "http://127.0.0.1:$P_LOCKSTEP/plain/1"
+[[ $CHECK_ETAG == none ]] || die "passthrough GET /plain/1 carries ETag $CHECK_ETAG: it is being versioned"
+check_get versioned "http://127.0.0.1:$P_LOCKSTEP/articles/1"
+[[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /articles/1 carries ETag ${CHECK_ETAG}, expected \"1\""
+[[ $CHECK_BODY == *'"version":1'* ]] || die "versioned GET /articles/1 body has no version: $CHECK_BODY"
+note "Sanity: \`GET /plain/1\` through lockstep has no ETag; \`GET /articles/1\` has \`ETag: \"1\"\` and body \`$CHECK_BODY\`."
+
+code=$(curl -s -o "$TMP/check-lock.json" -w '%{http_code}' --max-time 5 -X POST \
+    -H 'Content-Type: application/json' -d "{\"owner\":\"w0\",\"ttl_ms\":$LOCK_TTL_MS}" \
+    "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
+[[ $code == 200 ]] || die "lock acquire answered $code: $(cat "$TMP/check-lock.json")"
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X DELETE -H 'Lock-Owner: w0' \
+    "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
+[[ $code == 204 ]] || die "lock release answered $code"
+
+REDIS_LUA="local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', $LOCK_TTL_MS) if ok and redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+for port in "$P_REDIS" "$P_REDIS_FSYNC"; do
+    r=$(redis-cli -h 127.0.0.1 -p "$port" EVAL "$REDIS_LUA" 1 lock:sanity w1)
+    [[ $r == 1 ]] || die "redis lock script on :$port returned '$r', expected 1"
+done
+
+# ------------------------------------------------------------ measuring ----
+
+# cpu_busy: % of CPU time used by anything over one second, while nothing of
+# ours runs; other work on the machine skews every row.
+cpu_busy() {
+    local a b
+    a=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat 2>/dev/null) || {
+        echo "?"
+        return 0
+    }
+    sleep 1
+    b=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN {split(a, x, " "); split(b, y, " ");
+        busy = y[1] - x[1]; idle = y[2] - x[2];
+        printf "%.0f", (busy + idle > 0 ? 100 * busy / (busy + idle) : 0)}'
+}
+BUSY_START=$(cpu_busy)
+
+# Number formatting for the report.
+ms() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.2f", v; else print v}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+verdict() { awk -v r="$1" -v t="$2" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "meets"; else print "**below**"}'; }
+num() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.0f", v; else print v}'; }
+
+# Parsers for wrk's text output.
+wrk_rps() { awk '/^Requests\/sec:/ {print $2; f=1} END {if (!f) print "0"}' "$1"; }
+wrk_p99_ms() {
+    awk '/Latency Distribution/ {f=1}
+         f && $1 == "99%" {
+             v = $2
+             if (v ~ /us$/) { sub(/us$/, "", v); v = v / 1000 }
+             else if (v ~ /ms$/) { sub(/ms$/, "", v) }
+             else if (v ~ /m$/) { sub(/m$/, "", v); v = v * 60000 }
+             else if (v ~ /s$/) { sub(/s$/, "", v); v = v * 1000 }
+             printf "%.2f\n", v; found = 1; exit
+         }
+         END { if (!found) print "n/a" }' "$1"
+}
+wrk_non2xx() { awk -F': *' '/Non-2xx or 3xx responses/ {print $2; f=1} END {if (!f) print 0}' "$1"; }
+wrk_sockerr() {
+    awk '/Socket errors:/ {gsub(/,/, ""); s = $4 + $6 + $8 + $10; f=1} END {print f ? s : 0}' "$1"
+}
+
+CLK_TCK=$(getconf CLK_TCK)
+# group_ticks PGID: CPU time (user + system, clock ticks) used so far by the
+# processes of a process group; every server runs as its own group.
+group_ticks() {
+    local pid t sum=0
+    for pid in $(pgrep -g "$1"); do
+        t=$(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null) || continue
+        sum=$((sum + ${t:-0}))
+    done
+    echo "$sum"
+}
+
+# wrk_run NAME THREADS CONNECTIONS URL [wrk options...]: warm-up, then the
+# measured run into $TMP/wrk-NAME.txt. With CPU_GROUP set, sets CPU_US to the
+# CPU time (µs) that process group used during the measured run.
+wrk_run() {
+    local name=$1 t=$2 c=$3 url=$4 before
+    shift 4
+    if ((WARMUP > 0)); then
+        log "$name: warm-up ${WARMUP}s"
+        BENCH_RUN=warmup-$name wrk -t"$t" -c"$c" -d"${WARMUP}s" "$@" "$url" >"$TMP/warm-$name.txt" 2>&1 ||
+            die "$name: wrk warm-up failed: $(tail -5 "$TMP/warm-$name.txt")"
+    fi
+    log "$name: wrk -t$t -c$c -d${DURATION}s $url"
+    [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
+    BENCH_RUN=measure-$name wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" >"$TMP/wrk-$name.txt" 2>&1 ||
+        die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
+    CPU_US=0
+    [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
+    return 0
+}
+wrk_requests() { awk '/ requests in / {print $1; f=1} END {if (!f) print 0}' "$1"; }
+# per_unit MICROSECONDS COUNT: µs per request (or pair), whole
+per_unit() { awk -v u="$1" -v n="$2" 'BEGIN {if (n > 0) printf "%.0f", u / n; else print "n/a"}'; }
+
+kv() { # kv LINE KEY: the value of KEY=value in LINE
+    local pair
+    for pair in $1; do
+        [[ $pair == "$2="* ]] && {
+            printf '%s\n' "${pair#*=}"
+            return 0
+        }
+    done
+    echo "n/a"
+}
+
+# Figures per "row:round". FAILS counts non-2xx answers (or failed SQL) and
+# SOCKERR socket errors.
+declare -A RPS P99 FAILS SOCKERR CPU
+STATUSES=()
+
+measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP
+    local row=$1 r=$2 f
+    CPU_GROUP=$4 wrk_run "$row-$r" "$THREADS" "$CONNECTIONS" "$3"
+    f=$TMP/wrk-$row-$r.txt
+    CPU[$row:$r]=$(per_unit "$CPU_US" "$(wrk_requests "$f")")
+    RPS[$row:$r]=$(wrk_rps "$f")
+    P99[$row:$r]=$(wrk_p99_ms "$f")
+    FAILS[$row:$r]=$(wrk_non2xx "$f")
+    SOCKERR[$row:$r]=$(wrk_sockerr "$f")
+}
+
+# Lock pairs through lockstep: one wrk thread per connection (see
+# lock_pairs.lua). --timeout 10s: a slow lock call (SQLite busy_timeout is
+# 5 s) is still an answer to count, not a socket error.
+measure_locks() { # measure_locks ROUND
+    local r=$1 f line
+    CPU_GROUP=$LOCKSTEP_PID wrk_run "locks-$r" "$LOCK_CLIENTS" "$LOCK_CLIENTS" "http://127.0.0.1:$P_ADMIN" \
+        -s "$HERE/lock_pairs.lua" --timeout 10s
+    f=$TMP/wrk-locks-$r.txt
+    line=$(grep '^LOCKS ' "$f") || die "lock_pairs.lua printed no summary"
+    CPU[locks:$r]=$(per_unit "$CPU_US" "$(kv "$line" pairs)")
+    RPS[locks:$r]=$(awk -v p="$(kv "$line" pairs)" -v s="$(kv "$line" seconds)" \
+        'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
+    P99[locks:$r]=$(kv "$line" p99_ms)
+    FAILS[locks:$r]=$(($(kv "$line" post_bad) + $(kv "$line" del_bad)))
+    SOCKERR[locks:$r]=$(wrk_sockerr "$f")
+    [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$(kv "$line" statuses)")
+}
+
+# The same SQL straight against SQLite, a fresh database each round.
+measure_sqlite() { # measure_sqlite ROUND
+    local r=$1 line
+    log "sqlite-direct-$r: $LOCK_CLIENTS Python threads, ${WARMUP}s warm-up + ${DURATION}s"
+    line=$(python3 "$HERE/sqlite_locks.py" --db "$TMP/direct-$r.db" \
+        --schema "$ROOT/migrations/sqlite/0001_init.sql" \
+        --locks-rs "$ROOT/src/store/locks.rs" --sqlite-rs "$ROOT/src/store/sqlite.rs" \
+        --clients "$LOCK_CLIENTS" --duration "$DURATION" --warmup "$WARMUP" \
+        --ttl-ms "$LOCK_TTL_MS" 2>"$TMP/sqlite-direct-$r.log" | grep '^SQLITE ') ||
+        die "sqlite_locks.py failed: $(tail -5 "$TMP/sqlite-direct-$r.log")"
+    RPS[sqlite:$r]=$(kv "$line" pairs_per_s)
+    P99[sqlite:$r]=$(kv "$line" p99_ms)
+    FAILS[sqlite:$r]=$(($(kv "$line" acquire_refused) + $(kv "$line" release_missed) + $(kv "$line" errors)))
+    SOCKERR[sqlite:$r]=0
+    CPU[sqlite:$r]=$(kv "$line" cpu_us_per_pair)
+    S_SOURCE=$(kv "$line" statements)
+    S_VERSION=$(kv "$line" sqlite_version)
+}
+
+for ((round = 1; round <= ROUNDS; round++)); do
+    ((ROUNDS == 1)) || log "round $round of $ROUNDS"
+    measure_http direct "$round" "http://127.0.0.1:$P_BACKEND/articles/1" "$BACKEND_GROUP"
+    measure_http nginx "$round" "http://127.0.0.1:$P_PROXY/articles/1" "$PROXY_GROUP"
+    measure_http passthrough "$round" "http://127.0.0.1:$P_LOCKSTEP/plain/1" "$LOCKSTEP_PID"
+    measure_http versioned "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID"
+    measure_locks "$round"
+    measure_sqlite "$round"
+done
+
+# A row's figures are those of its median round by throughput (the lower
+# middle one for an even count); failures are summed over all rounds.
+for row in direct nginx passthrough versioned locks sqlite; do
+    median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
+        sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
+    RPS[$row]=${RPS[$row:$median]}
+    P99[$row]=${P99[$row:$median]}
+    CPU[$row]=${CPU[$row:$median]}
+    fails=0 sockerr=0
+    for ((r = 1; r <= ROUNDS; r++)); do
+        fails=$((fails + ${FAILS[$row:$r]}))
+        sockerr=$((sockerr + ${SOCKERR[$row:$r]}))
+    done
+    FAILS[$row]=$fails
+    SOCKERR[$row]=$sockerr
+done
+L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
+if ((ROUNDS > 1)); then
+    per_round=""
+    for row in direct nginx passthrough versioned locks sqlite; do
+        per_round+="$row"
+        for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
+        per_round+="; "
+    done
+    note "Throughput of each round, in order: ${per_round%; }."
+fi
+while read -r count msg; do
+    note "SQLite direct: $count × $msg"
+done < <(cat "$TMP"/sqlite-direct-*.log |
+    awk '/^sqlite_locks.py: [0-9]+ × / {n = $2; sub(/^[^×]*× /, ""); sum[$0] += n}
+         END {for (m in sum) print sum[m], m}' | sort -rn)
+
+# Redis: redis-benchmark runs a count, not a time, so size the runs from a
+# short probe: probe -> warm-up of ~WARMUP s -> measured run of ~DURATION s.
+# Prints "rps p99_ms" of the measured run.
+redis_bench() { # redis_bench NAME PORT
+    local name=$1 port=$2 n rps row
+    # rb N: "rps p99_ms" of one run of N pairs. The CSV's test name holds
+    # commas, so split on the quoted separator ("," between fields).
+    rb() {
+        timeout 15 redis-benchmark -h 127.0.0.1 -p "$port" -c "$LOCK_CLIENTS" -n "$1" \
+            -r 1000000 --csv EVAL "$REDIS_LUA" 1 'lock:__rand_int__' w1 2>>"$TMP/$name-bench.log" |
+            awk -F'","' 'NR > 1 && NF == 8 {printf "%s %s\n", $2, $7}' || true
+    }
+    row=$(rb 2000)
+    [[ -n $row ]] || {
+        echo "n/a n/a"
+        return 0
+    }
+    rps=${row%%[. ]*}
+    if ((WARMUP > 0)); then
+        n=$((rps * WARMUP > 1000 ? rps * WARMUP : 1000))
+        log "$name: warm-up, $n pairs (~${WARMUP}s)"
+        row=$(rb "$n")
+        [[ -n $row ]] && rps=${row%%[. ]*}
+    fi
+    n=$((rps * DURATION > 1000 ? rps * DURATION : 1000))
+    log "$name: redis-benchmark -c $LOCK_CLIENTS -n $n (~${DURATION}s)"
+    row=$(rb "$n")
+    echo "${row:-n/a n/a}"
+}
+read -r R_PAIRS_S R_P99 < <(redis_bench redis "$P_REDIS")
+read -r RF_PAIRS_S RF_P99 < <(redis_bench redis-fsync "$P_REDIS_FSYNC")
+
+# What the runs left in lockstep's database.
+DB_MODE=$(sqlite3 "$TMP/bench.db" 'PRAGMA journal_mode;' 2>/dev/null || echo "?")
+DB_VERSIONS=$(sqlite3 "$TMP/bench.db" 'SELECT count(*) FROM versions;' 2>/dev/null || echo "?")
+DB_LOCKS=$(sqlite3 "$TMP/bench.db" 'SELECT count(*) FROM locks;' 2>/dev/null || echo "?")
+kill -0 "$LOCKSTEP_PID" 2>/dev/null || note "**lockstep exited during the run**; see its log."
+# lockstep's own warnings and errors during the runs, grouped by message.
+while read -r count msg; do
+    note "lockstep logged $count × \`$msg\`"
+done < <(sed 's/\x1b\[[0-9;]*m//g' "$TMP/lockstep.log" |
+    awk '$2 == "WARN" || $2 == "ERROR" {
+             line = $0; sub(/^[^ ]+ +/, "", line)
+             sub(/ [a-z_.]+=.*$/, "", line); print substr(line, 1, 100)
+         }' | sort | uniq -c | sort -rn | head -5)
+
+# ---------------------------------------------------------------- report ----
+
+BUSY_END=$(cpu_busy)
+if awk -v a="$BUSY_START" -v b="$BUSY_END" 'BEGIN {exit !((a ~ /^[0-9]+$/ && a > 10) || (b ~ /^[0-9]+$/ && b > 10))}'; then
+    note "**Other work was using the CPUs** (${BUSY_START}% busy before the runs, ${BUSY_END}% after," \
+        "with all of ours idle): it competed with every row; rerun on an idle machine before trusting these numbers."
+fi
+
+
+if [[ $S_SOURCE == extracted ]]; then
+    S_SOURCE_TEXT="read from \`src/store/locks.rs\`"
+else
+    S_SOURCE_TEXT="**a copy kept in the script: reading \`src/store/locks.rs\` failed, check they still match**"
+fi
+R_PT=$(ratio "${RPS[passthrough]}" "${RPS[nginx]}")
+R_VG=$(ratio "${RPS[versioned]}" "${RPS[nginx]}")
+R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
+R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
+R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
+
+commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[[ -n $(git -C "$ROOT" status --porcelain -- src migrations Cargo.toml Cargo.lock 2>/dev/null) ]] &&
+    commit="$commit + uncommitted changes"
+nginx_v=$(nginx -v 2>&1 | sed 's/.*nginx\///')
+redis_v=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
+bundled=$(grep -h -m1 '#define SQLITE_VERSION ' "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/libsqlite3-sys-*/sqlite3/sqlite3.h 2>/dev/null |
+    head -1 | awk '{gsub(/"/, "", $3); print $3}' || true)
+if ((ROUNDS == 1)); then
+    rounds_text="one round"
+else
+    rounds_text="$ROUNDS rounds of rows 1–6; each row shows its median round by throughput, failures summed over all rounds"
+fi
+
+http_line() { # http_line N LABEL REQUEST ROW
+    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | ${FAILS[$4]} | ${SOCKERR[$4]} |"
+}
+
+mkdir -p "$(dirname "$OUT")"
+{
+    echo "# lockstep benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "lockstep \`$commit\` (release build), $(nproc) CPUs, everything on 127.0.0.1 on this one machine" \
+        "(load generator included); other work kept the CPUs ${BUSY_START}% busy before the runs and" \
+        "${BUSY_END}% after. nginx $nginx_v, Redis $redis_v, wrk $(wrk -v 2>&1 | awk 'NR==1 {print $2}'); $rounds_text."
+    echo
+    echo "## HTTP: GET through each hop"
+    echo
+    echo "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency, after a ${WARMUP} s warm-up at the same load."
+    echo
+    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    http_line 1 "direct backend (nginx)" "GET /articles/1" direct
+    http_line 2 "nginx reverse proxy → backend" "GET /articles/1" nginx
+    http_line 3 "lockstep passthrough → backend" "GET /plain/1" passthrough
+    http_line 4 "lockstep versioned GET → backend" "GET /articles/1" versioned
+    echo
+    echo "| ratio (req/s) | value | target | |"
+    echo "|---|---:|---:|---|"
+    echo "| lockstep passthrough / nginx proxy (3 / 2) | $R_PT | ≥ 0.9 | $(verdict "$R_PT" 0.9) |"
+    echo "| lockstep versioned GET / nginx proxy (4 / 2) | $R_VG | ≥ 0.5 | $(verdict "$R_VG" 0.5) |"
+    echo
+    echo "## Locks: acquire + release pairs"
+    echo
+    echo "$LOCK_CLIENTS concurrent clients, each on its own resource (no contention between clients)," \
+        "${DURATION} s after a ${WARMUP} s warm-up."
+    echo
+    echo "| # | row | pairs/s | p99 latency | failures | how |"
+    echo "|---|---|---:|---:|---:|---|"
+    echo "| 5 | lockstep lock API (SQLite) | $(num "${RPS[locks]}") | $(ms "${P99[locks]}") ms per request | $((FAILS[locks] + SOCKERR[locks])) | wrk + \`benches/lock_pairs.lua\`: \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener, one connection per client; lockstep used ${CPU[locks]} µs of CPU per pair |"
+    echo "| 6 | SQLite direct | $(num "${RPS[sqlite]}") | $(ms "${P99[sqlite]}") ms per statement | ${FAILS[sqlite]} | \`benches/sqlite_locks.py\`: lockstep's acquire and release SQL ($S_SOURCE_TEXT), a thread and a connection per client, WAL + synchronous=FULL + busy_timeout 5000; the Python process used ${CPU[sqlite]} µs of CPU per pair |"
+    echo "| 7 | Redis, no persistence | $(num "$R_PAIRS_S") | $(ms "$R_P99") ms per pair | n/a | redis-benchmark: one \`EVAL\` per pair (SET NX PX, then DEL if still ours), random keys |"
+    echo "| 8 | Redis, appendfsync always | $(num "$RF_PAIRS_S") | $(ms "$RF_P99") ms per pair | n/a | as 7 with \`appendonly yes\`, \`appendfsync always\` (durable like row 5) |"
+    echo
+    echo "| ratio (pairs/s) | value | target | |"
+    echo "|---|---:|---:|---|"
+    echo "| lockstep / SQLite direct (5 / 6) | $R_LS | ≥ 0.5 | $(verdict "$R_LS" 0.5) |"
+    echo "| lockstep / Redis (5 / 7) | $R_LR | none | |"
+    echo "| lockstep / Redis fsync always (5 / 8) | $R_LRF | none | |"
+    echo
+    echo "## Notes"
+    echo
+    echo "- CPU per request: CPU time used during the measured run by the process that is the last hop in" \
+        "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4 lockstep), per request."
+    echo "- Lock calls through lockstep that did not answer 200 / 204: ${FAILS[locks]} (statuses: $L_STATUSES);" \
+        "socket errors: ${SOCKERR[locks]}. SQLite direct: ${FAILS[sqlite]} acquires or releases that returned no row or failed."
+    echo "- lockstep's database after the runs: journal_mode=$DB_MODE, $DB_VERSIONS rows in \`versions\`" \
+        "(versioned reads write nothing), $DB_LOCKS rows in \`locks\`."
+    echo "- SQLite direct runs in CPython: the GIL serialises the Python side of the $LOCK_CLIENTS clients" \
+        "(the sqlite3 module releases it while SQLite works, fsync included). It uses the system SQLite $S_VERSION;" \
+        "lockstep uses the SQLite bundled by sqlx (${bundled:-version unknown}) and a pool of" \
+        "\`[database] max_connections\` (default 16) connections, where the direct run has $LOCK_CLIENTS."
+    echo "- Both SQLite rows fsync the WAL on every commit (synchronous=FULL), two commits per pair:" \
+        "on one file they are bounded by the disk's fsync rate, and their ratio is the cost of lockstep's HTTP + pool on top."
+    echo "- Redis does a pair in one round trip (EVAL) where lockstep needs two HTTP requests;" \
+        "row 7 keeps nothing on disk, row 8 fsyncs its append-only file before replying."
+    echo "- All processes share $(nproc) CPUs: the load generator competes with the servers, so absolute" \
+        "numbers are lower than on separate machines; compare rows and ratios within one run."
+    for n in ${NOTES[@]+"${NOTES[@]}"}; do echo "- $n"; done
+} >"$OUT"
+
+cat "$OUT"
+log "report written to $OUT"
