@@ -91,6 +91,8 @@ def build(now, columns, own_live, acquire, release):
     def fill(sql):
         sql = sql.replace("{own_live}", own_live).replace("{COLUMNS}", columns)
         sql = sql.replace("{now}", now)
+        # Row-lock clauses are PostgreSQL's; SQLite's dialect leaves them empty.
+        sql = sql.replace("{for_share}", "")
         if "{" in sql or "}" in sql:
             raise ValueError(f"unfilled placeholder in: {sql}")
         # sqlx binds $N by position; ?N is SQLite's spelling of the same.

@@ -3,17 +3,25 @@
 //! Acquire is one `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`: it
 //! inserts, takes over an expired or released row, or refreshes the caller's
 //! own live row, and otherwise changes nothing. Released rows are kept (owner
-//! NULL) so the next fencing token continues from the last; the sweeper
-//! removes long-dead rows only after their tokens were folded into
-//! `lock_token_floor` one sweep earlier, which is where a brand-new row's
-//! token starts, so tokens never go back for a resource.
+//! NULL) so the next fencing token continues from the last. The sweeper
+//! removes long-dead rows only after folding their tokens into
+//! `lock_token_floor`, which is where a brand-new row's token starts, so
+//! tokens never go back for a resource.
+//!
+//! On PostgreSQL a statement reads with the snapshot it started with, so an
+//! acquire that began before a sweep could otherwise compute a new row's
+//! token from a floor that does not yet cover the row the sweep deleted. So
+//! every acquire reads the floor `FOR SHARE` and the sweep holds it `FOR
+//! UPDATE` for its whole transaction: an acquire either finishes before the
+//! sweep looks at the rows, or reads the raised floor after it.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-use super::sql::SqlStore;
+use super::batch::{query, Arg as A};
+use super::sql::{Dialect, SqlStore};
 use super::wake::Topic;
 use super::{Acquire, GrantKind, LockChange, LockRecord, LockStore};
 use crate::error::Result;
@@ -24,6 +32,7 @@ pub struct LockSql {
     get_live: String,
     release: String,
     renew: String,
+    sweep_lock_floor: Option<String>,
     sweep_delete: String,
     sweep_raise_floor: String,
 }
@@ -32,13 +41,15 @@ pub struct LockSql {
 const COLUMNS: &str = "resource, owner, fencing_token, acquired_at, expires_at";
 
 impl LockSql {
-    pub fn new(now: &str) -> Self {
+    pub fn new(dialect: &Dialect) -> Self {
+        let now = dialect.now_ms;
+        let for_share = dialect.for_share;
         // Whether the existing row is the caller's own live lock.
         let own_live = format!("(locks.owner = excluded.owner AND locks.expires_at > {now})");
         Self {
             acquire: format!(
                 "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
-                 VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1) + 1, {now}, {now} + $3) \
+                 VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3) \
                  ON CONFLICT (resource) DO UPDATE SET \
                    owner = excluded.owner, \
                    fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, \
@@ -69,9 +80,7 @@ impl LockSql {
                  WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
                  RETURNING {COLUMNS}, {now}"
             ),
-            // Only rows whose token the floor already covers (raised by an
-            // earlier sweep) are removed.
-            // The conditions stand in the outer WHERE too: under READ
+            // Only rows whose token the floor covers are removed. The conditions stand in the outer WHERE too: under READ
             // COMMITTED, PostgreSQL re-checks only the outer WHERE against a
             // row that was reclaimed after the subquery picked it, and a
             // live lock must never be deleted.
@@ -86,6 +95,12 @@ impl LockSql {
                    AND fencing_token <= (SELECT token FROM lock_token_floor WHERE id = 1) \
                  RETURNING resource"
             ),
+            sweep_lock_floor: (!dialect.for_update.is_empty()).then(|| {
+                format!(
+                    "SELECT token FROM lock_token_floor WHERE id = 1{}",
+                    dialect.for_update
+                )
+            }),
             sweep_raise_floor: format!(
                 "UPDATE lock_token_floor SET token = ( \
                    SELECT CASE WHEN COALESCE(MAX(fencing_token), 0) > lock_token_floor.token \
@@ -95,10 +110,6 @@ impl LockSql {
             ),
         }
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 fn record<R: Row>(row: &R) -> Result<LockRecord>
@@ -131,11 +142,11 @@ where
         // The statement is atomic; the loop only covers the report of a
         // holder that released between our attempt and our look at it.
         for _ in 0..3 {
-            let row = sqlx::query::<DB>(&self.locks.acquire)
-                .bind(resource.to_string())
-                .bind(owner.to_string())
-                .bind(millis(ttl))
-                .fetch_optional(&self.writer)
+            let row = self
+                .write_row(
+                    &self.locks.acquire,
+                    vec![A::text(resource), A::text(owner), A::millis(ttl)],
+                )
                 .await?;
             if let Some(row) = row {
                 let lock = record(&row)?;
@@ -165,18 +176,15 @@ where
     }
 
     async fn get(&self, resource: &str) -> Result<Option<LockRecord>> {
-        let row = sqlx::query::<DB>(&self.locks.get_live)
-            .bind(resource.to_string())
-            .fetch_optional(&self.readers)
+        let row = self
+            .read_row(&self.locks.get_live, vec![A::text(resource)])
             .await?;
         row.as_ref().map(record).transpose()
     }
 
     async fn release(&self, resource: &str, owner: &str) -> Result<LockChange> {
-        let row = sqlx::query::<DB>(&self.locks.release)
-            .bind(resource.to_string())
-            .bind(owner.to_string())
-            .fetch_optional(&self.writer)
+        let row = self
+            .write_row(&self.locks.release, vec![A::text(resource), A::text(owner)])
             .await?;
         if let Some(row) = row {
             self.wakeups.notify(Topic::Lock, resource);
@@ -186,11 +194,11 @@ where
     }
 
     async fn renew(&self, resource: &str, owner: &str, ttl: Duration) -> Result<LockChange> {
-        let row = sqlx::query::<DB>(&self.locks.renew)
-            .bind(resource.to_string())
-            .bind(owner.to_string())
-            .bind(millis(ttl))
-            .fetch_optional(&self.writer)
+        let row = self
+            .write_row(
+                &self.locks.renew,
+                vec![A::text(resource), A::text(owner), A::millis(ttl)],
+            )
             .await?;
         match row {
             Some(row) => Ok(LockChange::Done(record(&row)?)),
@@ -199,16 +207,23 @@ where
     }
 
     async fn sweep(&self, retention: Duration, limit: i64) -> Result<u64> {
-        let removed = sqlx::query::<DB>(&self.locks.sweep_delete)
-            .bind(millis(retention))
-            .bind(limit)
-            .fetch_all(&self.writer)
-            .await?
-            .len() as u64;
-        sqlx::query::<DB>(&self.locks.sweep_raise_floor)
-            .bind(millis(retention))
-            .execute(&self.writer)
+        // One transaction: hold the floor, raise it over every row about to
+        // go, then remove rows it covers.
+        let mut tx = self.writer.begin().await?;
+        if let Some(sql) = &self.locks.sweep_lock_floor {
+            sqlx::query::<DB>(sql).fetch_one(&mut *tx).await?;
+        }
+        query::<DB>(&self.locks.sweep_raise_floor, &[A::millis(retention)])
+            .execute(&mut *tx)
             .await?;
+        let removed = query::<DB>(
+            &self.locks.sweep_delete,
+            &[A::millis(retention), A::Int(limit)],
+        )
+        .fetch_all(&mut *tx)
+        .await?
+        .len() as u64;
+        tx.commit().await?;
         Ok(removed)
     }
 }
@@ -225,9 +240,8 @@ where
     /// Why an owner-only change did not apply: someone else holds the lock,
     /// or there is no live lock (with the expired record, if one is left).
     async fn diagnose(&self, resource: &str) -> Result<LockChange> {
-        let row = sqlx::query::<DB>(&self.locks.get_any)
-            .bind(resource.to_string())
-            .fetch_optional(&self.readers)
+        let row = self
+            .read_row(&self.locks.get_any, vec![A::text(resource)])
             .await?;
         let Some(row) = row else {
             return Ok(LockChange::Missing { expired: None });

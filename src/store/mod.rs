@@ -10,6 +10,7 @@
 //! from the database's clock; no lock or lease decision reads the clock of
 //! the lockstep process.
 
+mod batch;
 mod locks;
 pub mod postgres;
 mod sql;

@@ -15,6 +15,8 @@ use super::PoolSettings;
 pub const DIALECT: Dialect = Dialect {
     engine: "postgres",
     now_ms: "(EXTRACT(EPOCH FROM now()) * 1000)::BIGINT",
+    for_share: " FOR SHARE",
+    for_update: " FOR UPDATE",
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -30,5 +32,5 @@ pub async fn connect(
         .connect_with(options)
         .await?;
     MIGRATOR.run(&pool).await?;
-    Ok(SqlStore::new(pool.clone(), pool, DIALECT))
+    Ok(SqlStore::new(pool.clone(), pool, None, DIALECT))
 }

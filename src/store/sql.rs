@@ -9,6 +9,7 @@
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
+use super::batch::{self, Arg, Batcher};
 use super::locks::LockSql;
 use super::versions::VersionSql;
 use super::{Store, Wakeups};
@@ -21,6 +22,10 @@ pub struct Dialect {
     /// An SQL expression for "now" on the database's clock, in integer
     /// milliseconds since the Unix epoch, stable within one statement.
     pub now_ms: &'static str,
+    /// Row-lock clauses that order the sweeper against acquirers (see
+    /// `locks.rs`); empty where writers are serialised anyway (SQLite).
+    pub for_share: &'static str,
+    pub for_update: &'static str,
 }
 
 pub struct SqlStore<DB: Database> {
@@ -32,6 +37,9 @@ pub struct SqlStore<DB: Database> {
     /// some of them for seconds under load). On PostgreSQL the same pool as
     /// the readers.
     pub(super) writer: Pool<DB>,
+    /// Group commit for the writes (SQLite), or `None` to run each write
+    /// on `writer` as its own transaction (PostgreSQL).
+    pub(super) batcher: Option<Batcher<DB>>,
     pub(super) versions: VersionSql,
     pub(super) locks: LockSql,
     pub(super) wakeups: Wakeups,
@@ -39,12 +47,18 @@ pub struct SqlStore<DB: Database> {
 }
 
 impl<DB: Database> SqlStore<DB> {
-    pub fn new(readers: Pool<DB>, writer: Pool<DB>, dialect: Dialect) -> Self {
+    pub fn new(
+        readers: Pool<DB>,
+        writer: Pool<DB>,
+        batcher: Option<Batcher<DB>>,
+        dialect: Dialect,
+    ) -> Self {
         Self {
             readers,
             writer,
+            batcher,
             versions: VersionSql::new(dialect.now_ms),
-            locks: LockSql::new(dialect.now_ms),
+            locks: LockSql::new(&dialect),
             wakeups: Wakeups::new(),
             dialect,
         }
@@ -52,6 +66,52 @@ impl<DB: Database> SqlStore<DB> {
 
     pub fn readers(&self) -> &Pool<DB> {
         &self.readers
+    }
+}
+
+impl<DB> SqlStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<<DB as Database>::Row>,
+{
+    /// A read: at most one row, from the reader pool.
+    pub(super) async fn read_row(
+        &self,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Option<<DB as Database>::Row>> {
+        Ok(batch::query::<DB>(sql, &args)
+            .fetch_optional(&self.readers)
+            .await?)
+    }
+
+    /// A conditional write: its `RETURNING` rows, once durable.
+    pub(super) async fn write_rows(
+        &self,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Vec<<DB as Database>::Row>> {
+        Ok(match &self.batcher {
+            Some(b) => b.execute(sql, args).await?,
+            None => {
+                batch::query::<DB>(sql, &args)
+                    .fetch_all(&self.writer)
+                    .await?
+            }
+        })
+    }
+
+    /// A conditional write that returns at most one row.
+    pub(super) async fn write_row(
+        &self,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Option<<DB as Database>::Row>> {
+        Ok(self.write_rows(sql, args).await?.into_iter().next())
     }
 }
 

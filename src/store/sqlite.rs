@@ -14,12 +14,15 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::Sqlite;
 
+use super::batch::Batcher;
 use super::sql::{Dialect, SqlStore};
 use super::PoolSettings;
 
 pub const DIALECT: Dialect = Dialect {
     engine: "sqlite",
     now_ms: "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
+    for_share: "",
+    for_update: "",
 };
 
 /// Upper bound on reader connections, whatever `database.max_connections`.
@@ -51,7 +54,7 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        return Ok(SqlStore::new(pool.clone(), pool, DIALECT));
+        return Ok(SqlStore::new(pool.clone(), pool, None, DIALECT));
     }
     // One writer connection (see `SqlStore::writer`), and a few readers:
     // reads run in parallel under WAL, but each pooled connection is a
@@ -67,5 +70,6 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
         .max_connections(settings.max_connections.clamp(1, MAX_READERS))
         .connect_with(options)
         .await?;
-    Ok(SqlStore::new(readers, writer, DIALECT))
+    let batcher = Batcher::spawn(writer.clone(), "BEGIN IMMEDIATE");
+    Ok(SqlStore::new(readers, writer, Some(batcher), DIALECT))
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
+use super::batch::Arg;
 use super::sql::SqlStore;
 use super::wake::Topic;
 use super::{Lease, VersionState, VersionStore};
@@ -86,9 +87,7 @@ impl VersionSql {
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
-}
+use Arg as A;
 
 #[async_trait]
 impl<DB> VersionStore for SqlStore<DB>
@@ -101,9 +100,8 @@ where
     usize: ColumnIndex<<DB as Database>::Row>,
 {
     async fn current(&self, key: &str) -> Result<VersionState> {
-        let row = sqlx::query::<DB>(&self.versions.current)
-            .bind(key.to_string())
-            .fetch_optional(&self.readers)
+        let row = self
+            .read_row(&self.versions.current, vec![A::text(key)])
             .await?;
         let Some(row) = row else {
             return Ok(VersionState {
@@ -135,11 +133,11 @@ where
         lease: Duration,
     ) -> Result<Option<i64>> {
         let row = if expected == 1 {
-            let inserted = sqlx::query::<DB>(&self.versions.claim_new)
-                .bind(key.to_string())
-                .bind(lease_id.to_string())
-                .bind(millis(lease))
-                .fetch_optional(&self.writer)
+            let inserted = self
+                .write_row(
+                    &self.versions.claim_new,
+                    vec![A::text(key), A::text(lease_id), A::millis(lease)],
+                )
                 .await?;
             match inserted {
                 Some(row) => Some(row),
@@ -163,10 +161,7 @@ where
     }
 
     async fn abort(&self, key: &str, lease_id: &str) -> Result<()> {
-        sqlx::query::<DB>(&self.versions.abort)
-            .bind(key.to_string())
-            .bind(lease_id.to_string())
-            .execute(&self.writer)
+        self.write_rows(&self.versions.abort, vec![A::text(key), A::text(lease_id)])
             .await?;
         self.wakeups.notify(Topic::Version, key);
         Ok(())
@@ -178,10 +173,10 @@ where
     }
 
     async fn created(&self, key: &str) -> Result<i64> {
-        let row = sqlx::query::<DB>(&self.versions.created)
-            .bind(key.to_string())
-            .fetch_one(&self.writer)
-            .await?;
+        let row = self
+            .write_row(&self.versions.created, vec![A::text(key)])
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
         Ok(row.try_get(0)?)
     }
 }
@@ -202,20 +197,21 @@ where
         lease_id: &str,
         lease: Duration,
     ) -> Result<Option<<DB as Database>::Row>> {
-        Ok(sqlx::query::<DB>(&self.versions.claim_existing)
-            .bind(key.to_string())
-            .bind(lease_id.to_string())
-            .bind(millis(lease))
-            .bind(expected)
-            .fetch_optional(&self.writer)
-            .await?)
+        self.write_row(
+            &self.versions.claim_existing,
+            vec![
+                A::text(key),
+                A::text(lease_id),
+                A::millis(lease),
+                A::Int(expected),
+            ],
+        )
+        .await
     }
 
     async fn returning_version(&self, sql: &str, key: &str, lease_id: &str) -> Result<Option<i64>> {
-        let row = sqlx::query::<DB>(sql)
-            .bind(key.to_string())
-            .bind(lease_id.to_string())
-            .fetch_optional(&self.writer)
+        let row = self
+            .write_row(sql, vec![A::text(key), A::text(lease_id)])
             .await?;
         Ok(match row {
             Some(row) => Some(row.try_get(0)?),
