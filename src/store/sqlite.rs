@@ -46,6 +46,7 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
         // Every connection to `sqlite::memory:` is its own database: keep
         // exactly one, forever, for reads and writes alike.
         let pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .acquire_timeout(settings.acquire_timeout)
             .max_connections(1)
             .min_connections(1)
@@ -56,16 +57,21 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
         MIGRATOR.run(&pool).await?;
         return Ok(SqlStore::new(pool.clone(), pool, None, DIALECT));
     }
+    // A local file cannot drop a connection the way a network can, so the
+    // pool does not ping each connection before handing it out (that ping is
+    // a second round trip to the connection's thread on every query).
     // One writer connection (see `SqlStore::writer`), and a few readers:
     // reads run in parallel under WAL, but each pooled connection is a
     // thread of its own, and more of them than cores only adds switching.
     let writer = SqlitePoolOptions::new()
+        .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(1)
         .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
     let readers = SqlitePoolOptions::new()
+        .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(settings.max_connections.clamp(1, MAX_READERS))
         .connect_with(options)

@@ -167,7 +167,11 @@ impl Versioning {
             }
         };
         let (mut parts, body) = req.into_parts();
-        let inm_headers = parts.headers.clone();
+        // Keep only If-None-Match: it is answered here, after the backend.
+        let mut inm_headers = HeaderMap::new();
+        for v in parts.headers.get_all(header::IF_NONE_MATCH) {
+            inm_headers.append(header::IF_NONE_MATCH, v.clone());
+        }
         let is_head = parts.method == Method::HEAD;
         let stamp_body = !self.settings.body_field.is_empty() && version.is_some();
         for h in [header::IF_NONE_MATCH, header::IF_MATCH, header::IF_RANGE] {
