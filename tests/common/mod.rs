@@ -270,6 +270,46 @@ pub fn lockstep_bin() -> &'static str {
     env!("CARGO_BIN_EXE_lockstep")
 }
 
+/// The database a test gets when it names none: a fresh SQLite file in
+/// `dir`, or, when `LOCKSTEP_TEST_DATABASE=postgres` (scripts/test runs the
+/// versioning suites a second time that way), a fresh database on the
+/// server named by `LOCKSTEP_TEST_POSTGRES_URL`.
+pub fn default_database(dir: &Path) -> String {
+    if std::env::var("LOCKSTEP_TEST_DATABASE").as_deref() != Ok("postgres") {
+        return sqlite_url(dir);
+    }
+    let admin = std::env::var("LOCKSTEP_TEST_POSTGRES_URL")
+        .expect("LOCKSTEP_TEST_DATABASE=postgres needs LOCKSTEP_TEST_POSTGRES_URL");
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let create = format!("CREATE DATABASE {name}");
+    let admin_for_thread = admin.clone();
+    // Tests call this from inside their own runtime: create the database
+    // on a thread with a runtime of its own.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let conn = sqlx::PgPool::connect(&admin_for_thread)
+                .await
+                .expect("connect to the test PostgreSQL server");
+            sqlx::query(&create)
+                .execute(&conn)
+                .await
+                .expect("CREATE DATABASE");
+            conn.close().await;
+        });
+    })
+    .join()
+    .expect("database creation thread");
+    let base = admin
+        .rsplit_once('/')
+        .expect("LOCKSTEP_TEST_POSTGRES_URL ends in /DBNAME")
+        .0;
+    format!("{base}/{name}")
+}
+
 /// `sqlite://<dir>/lockstep.db`, for a database that outlives one process
 /// (restart tests keep the `TempDir` and pass this to
 /// [`LockstepBuilder::database`]).
@@ -491,8 +531,9 @@ impl LockstepBuilder {
         let database_url = self
             .database
             .clone()
-            .unwrap_or_else(|| sqlite_url(dir.path()));
-        let config_path = self.write_config(dir.path());
+            .unwrap_or_else(|| default_database(dir.path()));
+        let config_path = dir.path().join("lockstep.toml");
+        std::fs::write(&config_path, self.config_text(&database_url)).expect("write config");
 
         let mut cmd = Command::new(lockstep_bin());
         cmd.arg("serve")
