@@ -44,27 +44,22 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     .await
     .map_err(|e| RunError::Database(crate::error::chain(&e)))?;
 
-    let upstream = Upstream::new(&UpstreamSettings {
+    let upstream_settings = UpstreamSettings {
         url: cfg.upstream.clone(),
         connect_timeout: ms(c.upstream.connect_timeout_ms),
         request_timeout: ms(c.upstream.request_timeout_ms),
         pool_idle_timeout: ms(c.upstream.pool_idle_timeout_ms),
         pool_max_idle_per_host: c.upstream.pool_max_idle_per_host,
-    });
+    };
     let resources = Arc::new(cfg.resources.clone());
-    let versioning = Versioning::new(
-        store.clone(),
-        upstream.clone(),
-        resources.clone(),
-        versioning::Settings {
-            body_field: c.versioning.body_field.clone(),
-            require_precondition: c.versioning.require_precondition,
-            conflict_status: c.versioning.conflict_status,
-            write_lease: ms(c.versioning.write_lease_ms),
-            write_wait: ms(c.versioning.write_wait_ms),
-            max_body_bytes: c.server.max_body_bytes,
-        },
-    );
+    let versioning_settings = versioning::Settings {
+        body_field: c.versioning.body_field.clone(),
+        require_precondition: c.versioning.require_precondition,
+        conflict_status: c.versioning.conflict_status,
+        write_lease: ms(c.versioning.write_lease_ms),
+        write_wait: ms(c.versioning.write_wait_ms),
+        max_body_bytes: c.server.max_body_bytes,
+    };
     let lock_settings = locks::Settings {
         default_ttl_ms: c.locks.default_ttl_ms,
         min_ttl_ms: c.locks.min_ttl_ms,
@@ -75,15 +70,30 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         retention: ms(c.locks.retention_ms),
     };
     let locks = Locks::new(store.clone(), lock_settings.clone());
+    let lock_prefix: Option<Arc<str>> =
+        (!c.locks.proxy_prefix.is_empty()).then(|| Arc::from(c.locks.proxy_prefix.as_str()));
 
-    let proxy_router = ProxyRouter {
-        resources,
-        versioning,
-        upstream,
-        locks: locks.clone(),
-        lock_prefix: (!c.locks.proxy_prefix.is_empty())
-            .then(|| Arc::from(c.locks.proxy_prefix.as_str())),
-        proto: "http",
+    // Each proxy worker gets its own router with its own upstream client, so
+    // a request, its upstream connection and their tasks stay on one thread.
+    let make_proxy_router = {
+        let store = store.clone();
+        let locks = locks.clone();
+        move || {
+            let upstream = Upstream::new(&upstream_settings);
+            ProxyRouter {
+                resources: resources.clone(),
+                versioning: Versioning::new(
+                    store.clone(),
+                    upstream.clone(),
+                    resources.clone(),
+                    versioning_settings.clone(),
+                ),
+                upstream,
+                locks: locks.clone(),
+                lock_prefix: lock_prefix.clone(),
+                proto: "http",
+            }
+        }
     };
     let engine = store.engine();
     let admin_router = AdminRouter {
@@ -96,13 +106,18 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         }),
     };
 
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| RunError::Bind { addr, source })
-    };
-    let proxy_listener = bind(cfg.listen).await?;
-    let admin_listener = bind(cfg.admin_listen).await?;
+    let proxy_listener = std::net::TcpListener::bind(cfg.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| RunError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let admin_listener = TcpListener::bind(cfg.admin_listen)
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: cfg.admin_listen,
+            source,
+        })?;
     let proxy_addr = proxy_listener
         .local_addr()
         .map_err(|source| RunError::Bind {
@@ -124,13 +139,21 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         drain_timeout: ms(c.server.drain_timeout_ms),
     };
     let stop = CancellationToken::new();
-    let proxy = tokio::spawn(server::serve(
-        "proxy",
+    let worker_count = match c.server.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let workers = server::spawn_workers(
         proxy_listener,
-        proxy_router,
+        worker_count,
+        make_proxy_router,
         conn.clone(),
         stop.clone(),
-    ));
+    )
+    .map_err(|source| RunError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
     let admin = tokio::spawn(server::serve(
         "admin",
         admin_listener,
@@ -142,6 +165,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
 
     tracing::info!(
         proxy = %proxy_addr,
+        workers = worker_count,
         admin = %admin_addr,
         upstream = %cfg.upstream,
         database = engine,
@@ -154,6 +178,11 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         "shutting down: no new connections, draining in-flight requests"
     );
     stop.cancel();
+    let proxy = tokio::task::spawn_blocking(move || {
+        for w in workers {
+            let _ = w.join();
+        }
+    });
     let _ = tokio::join!(proxy, admin, sweeper);
     tracing::info!("stopped");
     Ok(())

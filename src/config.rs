@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub header_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
+    /// Proxy worker threads; 0 means one per core.
+    pub workers: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +57,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
+            workers: 0,
         }
     }
 }
