@@ -16,7 +16,7 @@ use http::Method;
 use serde_json::{json, Value};
 
 use common::{eventually, Backend, Client, Lockstep, Resp};
-use locks_db::{Db, DbKind};
+use locks_db::{acquire, get, lock_url, release, renew, token, Db, DbKind};
 
 db_tests!(
     acquire_returns_the_lock_and_another_owner_gets_409,
@@ -44,36 +44,6 @@ db_tests!(
     without_a_prefix_the_path_goes_to_the_backend,
     sweeper_keeps_tokens_increasing,
 );
-
-// ---------------------------------------------------------------------------
-// Helpers
-// ---------------------------------------------------------------------------
-
-/// `http://admin/locks/{resource}`; `resource` is put in the URL as given
-/// (callers percent-encode where needed).
-fn lock_url(ls: &Lockstep, resource: &str) -> String {
-    ls.admin_url_for(&format!("/locks/{resource}"))
-}
-
-async fn acquire(c: &Client, url: &str, owner: &str, ttl_ms: u64) -> Resp {
-    c.post(url, json!({"owner": owner, "ttl_ms": ttl_ms}))
-        .send()
-        .await
-}
-
-async fn renew(c: &Client, url: &str, owner: &str, ttl_ms: u64) -> Resp {
-    c.patch(url, json!({"owner": owner, "ttl_ms": ttl_ms}))
-        .send()
-        .await
-}
-
-async fn release(c: &Client, url: &str, owner: &str) -> Resp {
-    c.delete(url).header("lock-owner", owner).send().await
-}
-
-async fn get(c: &Client, url: &str) -> Resp {
-    c.get(url).send().await
-}
 
 /// `2026-05-01T12:00:00.123Z` → milliseconds since the epoch. Panics unless
 /// the text is RFC 3339 UTC with exactly three fractional digits and `Z`.
@@ -148,13 +118,6 @@ fn check_record(resp: &Resp, resource: &str, owner: &str) -> Value {
     );
     body
 }
-
-fn token(body: &Value) -> u64 {
-    body["fencing_token"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no integer fencing_token in {body}"))
-}
-
 /// A problem+json answer with this status and `type`.
 fn check_problem(resp: &Resp, status: u16, kind: &str) -> Value {
     assert_eq!(resp.status, status, "{resp:?}");

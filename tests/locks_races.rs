@@ -13,11 +13,11 @@ mod locks_db;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::Barrier;
 
 use common::{Client, Lockstep, Resp};
-use locks_db::{Db, DbKind};
+use locks_db::{acquire, lock_url, release, token, Db, DbKind};
 
 db_tests!(
     fifty_concurrent_acquirers_have_one_winner,
@@ -32,30 +32,6 @@ db_tests!(
     wait_on_one_replica_sees_a_release_on_another,
     tokens_stay_unique_while_the_sweeper_runs,
 );
-
-// ---------------------------------------------------------------------------
-// Helpers
-// ---------------------------------------------------------------------------
-
-fn lock_url(ls: &Lockstep, resource: &str) -> String {
-    ls.admin_url_for(&format!("/locks/{resource}"))
-}
-
-async fn acquire(c: &Client, url: &str, owner: &str, ttl_ms: u64) -> Resp {
-    c.post(url, json!({"owner": owner, "ttl_ms": ttl_ms}))
-        .send()
-        .await
-}
-
-async fn release(c: &Client, url: &str, owner: &str) -> Resp {
-    c.delete(url).header("lock-owner", owner).send().await
-}
-
-fn token(body: &Value) -> u64 {
-    body["fencing_token"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no integer fencing_token in {body}"))
-}
 
 fn assert_lock_held(resp: &Resp) -> Value {
     assert_eq!(resp.status, 409, "{resp:?}");

@@ -10,7 +10,9 @@ use std::str::FromStr;
 
 use tempfile::TempDir;
 
-use crate::common::{sqlite_url, Lockstep, LockstepBuilder};
+use serde_json::{json, Value};
+
+use crate::common::{sqlite_url, Client, Lockstep, LockstepBuilder, Resp};
 
 /// Which database a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,4 +148,41 @@ macro_rules! db_tests {
             )*
         }
     };
+}
+
+// ---- requests every lock test makes ----
+
+/// `http://admin/locks/{resource}`; `resource` is put in the URL as given
+/// (callers percent-encode where needed).
+pub fn lock_url(ls: &Lockstep, resource: &str) -> String {
+    ls.admin_url_for(&format!("/locks/{resource}"))
+}
+
+pub async fn acquire(c: &Client, url: &str, owner: &str, ttl_ms: u64) -> Resp {
+    c.post(url, json!({"owner": owner, "ttl_ms": ttl_ms}))
+        .send()
+        .await
+}
+
+// ---------------------------------------------------------------------------
+pub async fn renew(c: &Client, url: &str, owner: &str, ttl_ms: u64) -> Resp {
+    c.patch(url, json!({"owner": owner, "ttl_ms": ttl_ms}))
+        .send()
+        .await
+}
+
+// Helpers
+pub async fn release(c: &Client, url: &str, owner: &str) -> Resp {
+    c.delete(url).header("lock-owner", owner).send().await
+}
+
+// ---------------------------------------------------------------------------
+pub async fn get(c: &Client, url: &str) -> Resp {
+    c.get(url).send().await
+}
+
+pub fn token(body: &Value) -> u64 {
+    body["fencing_token"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no integer fencing_token in {body}"))
 }
