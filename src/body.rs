@@ -74,6 +74,27 @@ pub async fn buffer_up_to(mut body: Body, limit: u64) -> Result<Buffered, BoxErr
     Ok(Buffered::Complete(buf.freeze()))
 }
 
+/// Reads a request body within `limit` bytes and `timeout` (a client that
+/// trickles its body must not hold a connection forever): 413 or 408
+/// beyond them, 400 when the body breaks off.
+pub async fn read_request(
+    body: Body,
+    limit: u64,
+    timeout: std::time::Duration,
+) -> crate::error::Result<Bytes> {
+    use crate::error::Error;
+    match tokio::time::timeout(timeout, buffer_up_to(body, limit)).await {
+        Ok(Ok(Buffered::Complete(bytes))) => Ok(bytes),
+        Ok(Ok(Buffered::TooLarge { .. })) => Err(Error::PayloadTooLarge { limit }),
+        Ok(Err(e)) => Err(Error::InvalidBody(format!(
+            "the request body could not be read: {e}"
+        ))),
+        Err(_) => Err(Error::RequestTimeout {
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        }),
+    }
+}
+
 /// A body that yields `prefix` and then everything left in `rest`.
 pub fn chain(prefix: Bytes, rest: Body) -> Body {
     if prefix.is_empty() {

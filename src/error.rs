@@ -39,6 +39,8 @@ pub enum Error {
     },
     #[error("the request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: u64 },
+    #[error("the request body did not arrive within {timeout_ms} ms")]
+    RequestTimeout { timeout_ms: u64 },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]

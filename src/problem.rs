@@ -125,6 +125,12 @@ impl From<&Error> for Problem {
                 detail,
             )
             .ext("limit_bytes", json!(limit)),
+            Error::RequestTimeout { .. } => Problem::new(
+                S::REQUEST_TIMEOUT,
+                "request-timeout",
+                "Request timeout",
+                detail,
+            ),
             Error::NotFound(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             Error::Forbidden(_) => Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail),
             Error::MethodNotAllowed(allow) => Problem::new(
@@ -237,6 +243,11 @@ mod tests {
                 Error::PayloadTooLarge { limit: 1 },
                 413,
                 "payload-too-large",
+            ),
+            (
+                Error::RequestTimeout { timeout_ms: 1 },
+                408,
+                "request-timeout",
             ),
             (Error::NotFound("x".into()), 404, "not-found"),
             (Error::Forbidden("x".into()), 403, "forbidden"),

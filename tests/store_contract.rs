@@ -77,6 +77,7 @@ contract!(
     unknown_outcome_bumps_and_keeps_the_key_closed,
     created_items_start_at_1_or_after_their_delete,
     commit_after_a_takeover_reports_lost_lease,
+    late_commit_goes_past_the_version_readers_were_shown,
     concurrent_claims_have_one_winner,
     acquire_refresh_conflict_release,
     expired_lock_is_reclaimed_with_a_larger_token,
@@ -171,6 +172,10 @@ async fn unknown_outcome_bumps_and_keeps_the_key_closed(s: Arc<dyn Store>) {
 
 async fn created_items_start_at_1_or_after_their_delete(s: Arc<dyn Store>) {
     assert_eq!(s.created("new/1").await.unwrap(), 1);
+    // A write the backend refused leaves the key as good as unseen.
+    s.claim("refused/1", 1, "l", LONG).await.unwrap();
+    s.abort("refused/1", "l").await.unwrap();
+    assert_eq!(s.created("refused/1").await.unwrap(), 1);
     s.claim("old/1", 1, "l", LONG).await.unwrap();
     s.commit("old/1", "l").await.unwrap(); // the DELETE: at 2
     assert_eq!(s.created("old/1").await.unwrap(), 3);
@@ -343,4 +348,17 @@ async fn fifty_concurrent_acquirers_have_one_winner(s: Arc<dyn Store>) {
         }
     }
     assert_eq!(winners, 1);
+}
+
+async fn late_commit_goes_past_the_version_readers_were_shown(s: Arc<dyn Store>) {
+    s.claim("k", 1, "slow", Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A reader now gets 2, possibly with a body from before the write.
+    assert_eq!(s.current("k").await.unwrap().version, 2);
+    // The write lands late: its version must not be the 2 that reader holds.
+    assert_eq!(s.commit("k", "slow").await.unwrap(), Some(3));
+    let st = s.current("k").await.unwrap();
+    assert_eq!((st.version, st.lease), (3, Lease::Free));
 }

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{self, Body, Buffered};
+use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
 use crate::problem;
 use crate::store::wake::Topic;
@@ -29,6 +29,8 @@ use crate::timefmt::rfc3339_ms;
 pub const MAX_NAME_BYTES: usize = 255;
 /// Largest lock request body.
 const MAX_LOCK_BODY: u64 = 16 * 1024;
+/// How long a lock request body may take to arrive.
+const LOCK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings of the wing, from `[locks]`.
 #[derive(Debug, Clone)]
@@ -393,19 +395,12 @@ fn check_name(what: &str, name: &str) -> Result<()> {
 }
 
 async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
-    let bytes = match body::buffer_up_to(body::boxed(req.into_body()), MAX_LOCK_BODY).await {
-        Ok(Buffered::Complete(b)) => b,
-        Ok(Buffered::TooLarge { .. }) => {
-            return Err(Error::PayloadTooLarge {
-                limit: MAX_LOCK_BODY,
-            })
-        }
-        Err(e) => {
-            return Err(Error::InvalidBody(format!(
-                "the request body could not be read: {e}"
-            )))
-        }
-    };
+    let bytes = body::read_request(
+        body::boxed(req.into_body()),
+        MAX_LOCK_BODY,
+        LOCK_BODY_TIMEOUT,
+    )
+    .await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Error::InvalidBody(
             r#"expected a JSON object such as {"owner": "worker-a", "ttl_ms": 30000}"#.into(),

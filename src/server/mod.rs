@@ -124,8 +124,9 @@ pub async fn serve<H: Handler>(
 /// few cores shared with the backend, handing them between threads cost
 /// more than the work itself (measured: one thread served more requests
 /// than two work-stealing ones). A worker keeps a connection, its upstream
-/// connections and their tasks on one thread; the kernel spreads new
-/// connections across the workers.
+/// connections and their tasks on one thread. The workers accept from
+/// duplicates of one listening socket: whichever is free takes the next
+/// connection.
 pub fn spawn_workers<H, F>(
     listener: std::net::TcpListener,
     workers: usize,
@@ -137,8 +138,14 @@ where
     H: Handler,
     F: Fn() -> H,
 {
+    let workers = workers.max(1);
+    // A worker's runtime drives the I/O of every database connection it
+    // happened to open for the shared pool: no runtime may stop while
+    // another worker still drains and might use one of them.
+    let all_drained = Arc::new(tokio::sync::Barrier::new(workers));
     let mut handles = Vec::with_capacity(workers);
-    for i in 0..workers.max(1) {
+    for i in 0..workers {
+        let all_drained = all_drained.clone();
         let listener = listener.try_clone()?;
         let handler = make();
         let settings = settings.clone();
@@ -151,11 +158,14 @@ where
             .spawn(move || {
                 runtime.block_on(async move {
                     match TcpListener::from_std(listener) {
-                        Ok(listener) => serve("proxy", listener, handler, settings, shutdown).await,
+                        Ok(listener) => {
+                            serve("proxy", listener, handler, settings, shutdown).await;
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, worker = i, "proxy worker cannot listen")
                         }
                     }
+                    all_drained.wait().await;
                 });
             })?;
         handles.push(handle);

@@ -140,8 +140,8 @@ where
     }
 }
 
-/// One transaction: every statement's own result, or the error that made
-/// the whole batch fail (then nothing of it was committed).
+/// One transaction: every statement's rows, or the error that made the
+/// whole batch fail (then nothing of it was committed).
 async fn run_batch<DB>(
     pool: &Pool<DB>,
     begin: &'static str,
@@ -158,7 +158,23 @@ where
     sqlx::query::<DB>(begin).execute(&mut *conn).await?;
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
-        results.push(query::<DB>(&job.sql, &job.args).fetch_all(&mut *conn).await);
+        match query::<DB>(&job.sql, &job.args).fetch_all(&mut *conn).await {
+            Ok(rows) => results.push(Ok(rows)),
+            Err(e) => {
+                // Some errors (disk full, I/O) end the transaction by
+                // themselves, and later statements would then commit one by
+                // one. The store's statements fail only for such reasons, so
+                // the whole batch fails and is rolled back.
+                if sqlx::query::<DB>("ROLLBACK")
+                    .execute(&mut *conn)
+                    .await
+                    .is_err()
+                {
+                    conn.detach();
+                }
+                return Err(e);
+            }
+        }
     }
     if let Err(e) = sqlx::query::<DB>("COMMIT").execute(&mut *conn).await {
         // Leave the connection clean for the next batch; the pool drops it

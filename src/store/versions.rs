@@ -51,11 +51,14 @@ impl VersionSql {
                    AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4 \
                  RETURNING version"
             ),
-            // Still ours (nobody took it over): bump and release. An expired
-            // but untaken lease may still commit; readers already saw v+1.
+            // Still ours (nobody took it over): bump and release. A lease
+            // that ran out but was not taken over may still commit, one past
+            // the v+1 readers have been shown meanwhile (a reader holding v+1
+            // may hold a body from before this write).
             commit: format!(
-                "UPDATE versions SET version = version + 1, updated_at = {now}, \
-                   lease_id = NULL, lease_until = NULL \
+                "UPDATE versions SET \
+                   version = version + 1 + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
+                   updated_at = {now}, lease_id = NULL, lease_until = NULL \
                  WHERE key = $1 AND lease_id = $2 RETURNING version"
             ),
             // Release without bump, unless the lease already ran out (readers
@@ -72,12 +75,14 @@ impl VersionSql {
                  WHERE key = $1 AND lease_id = $2 RETURNING version"
             ),
             // A created item: 1 if never seen, else past everything before it
-            // (an expired lease counts as the write it may have been).
+            // (an expired lease counts as the write it may have been). A free
+            // row at 1 was only ever refused a write: still "never seen".
             created: format!(
                 "INSERT INTO versions (key, version, updated_at) VALUES ($1, 1, {now}) \
                  ON CONFLICT (key) DO UPDATE SET \
-                   version = versions.version + 1 \
-                     + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END), \
+                   version = CASE WHEN versions.version = 1 AND versions.lease_id IS NULL THEN 1 \
+                     ELSE versions.version + 1 \
+                       + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END) END, \
                    updated_at = {now}, \
                    lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
                    lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \

@@ -612,13 +612,7 @@ impl Versioning {
         if declared.is_some_and(|n| n > limit) {
             return Err(Error::PayloadTooLarge { limit });
         }
-        match body::buffer_up_to(body::boxed(body), limit).await {
-            Ok(Buffered::Complete(bytes)) => Ok(bytes),
-            Ok(Buffered::TooLarge { .. }) => Err(Error::PayloadTooLarge { limit }),
-            Err(e) => Err(Error::InvalidBody(format!(
-                "the request body could not be read: {e}"
-            ))),
-        }
+        body::read_request(body::boxed(body), limit, self.upstream.request_timeout()).await
     }
 }
 
