@@ -4,10 +4,17 @@
 //! transaction, so one statement sees one instant. Migrations run at start-up
 //! from every replica; sqlx's migrator serialises them with a lock of its own
 //! for the duration of the migration only.
+//!
+//! A shared database may be down when a replica starts, or go away later:
+//! the pool connects lazily and the migrations are retried in the
+//! background, so lockstep starts anyway, proxies unversioned traffic, and
+//! answers `/readyz`, versioned writes and lock calls with 503 (their
+//! queries fail on an unreachable or unmigrated database) until it is back.
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Postgres;
 use std::str::FromStr;
+use std::time::Duration;
 
 use super::sql::{Dialect, SqlStore};
 use super::PoolSettings;
@@ -29,8 +36,28 @@ pub async fn connect(
     let pool = PgPoolOptions::new()
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(settings.max_connections)
-        .connect_with(options)
-        .await?;
-    MIGRATOR.run(&pool).await?;
+        .connect_lazy_with(options);
+    if let Err(e) = MIGRATOR.run(&pool).await {
+        tracing::warn!(error = %crate::error::chain(&e), "database not ready; retrying migrations in the background");
+        tokio::spawn(migrate_until_done(pool.clone()));
+    }
     Ok(SqlStore::new(pool.clone(), pool, None, DIALECT))
+}
+
+/// Retries the migrations with a capped backoff until they succeed.
+async fn migrate_until_done(pool: sqlx::PgPool) {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        tokio::time::sleep(delay).await;
+        match MIGRATOR.run(&pool).await {
+            Ok(()) => {
+                tracing::info!("database reachable and migrated");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::error::chain(&e), "database still not ready");
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
 }
