@@ -137,3 +137,46 @@ async fn two_writers_on_two_replicas_reach_the_backend_once(kind: DbKind) {
         "exactly one write reaches the backend: {seen:?}"
     );
 }
+
+/// On PostgreSQL a release on one replica wakes a waiter on another at once
+/// (LISTEN/NOTIFY), not at its next backoff re-check (up to 200 ms later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_wakes_a_waiter_on_another_replica_promptly() {
+    if locks_db::postgres_admin_url().is_none() {
+        return;
+    }
+    let db = Db::fresh(DbKind::Postgres).await;
+    let a = db.lockstep().start();
+    let b = db.lockstep().start();
+    let client = Client::new();
+    let mut delays = Vec::new();
+    for round in 0..5 {
+        let resource = format!("wake:{round}");
+        let on_a = a.admin_url_for(&format!("/locks/{resource}"));
+        let on_b = b.admin_url_for(&format!("/locks/{resource}?wait_ms=5000"));
+        let held = locks_db::acquire(&client, &on_a, "holder", 10_000).await;
+        assert_eq!(held.status, 200, "{held:?}");
+        let waiter = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let r = locks_db::acquire(&client, &on_b, "waiter", 10_000).await;
+                (r, std::time::Instant::now())
+            })
+        };
+        // Let the waiter settle into its longest backoff, then release at a
+        // different point of its re-check cycle each round.
+        tokio::time::sleep(std::time::Duration::from_millis(700 + 41 * round)).await;
+        let released = locks_db::release(&client, &on_a, "holder").await;
+        let released_at = std::time::Instant::now();
+        assert_eq!(released.status, 204, "{released:?}");
+        let (got, got_at) = waiter.await.unwrap();
+        assert_eq!(got.status, 200, "{got:?}");
+        delays.push(got_at.saturating_duration_since(released_at));
+    }
+    delays.sort();
+    // The median of five: one slow round on a busy machine does not decide.
+    assert!(
+        delays[2] < std::time::Duration::from_millis(20),
+        "waiters on another replica were woken after {delays:?}"
+    );
+}

@@ -11,12 +11,13 @@
 //! answers `/readyz`, versioned writes and lock calls with 503 (their
 //! queries fail on an unreachable or unmigrated database) until it is back.
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::Postgres;
 use std::str::FromStr;
 use std::time::Duration;
 
 use super::sql::{Dialect, SqlStore};
+use super::wake::{Topic, Wakeups};
 use super::PoolSettings;
 
 pub const DIALECT: Dialect = Dialect {
@@ -41,8 +42,50 @@ pub async fn connect(
         tracing::warn!(error = %crate::error::chain(&e), "database not ready; retrying migrations in the background");
         tokio::spawn(migrate_until_done(pool.clone()));
     }
-    Ok(SqlStore::new(pool.clone(), pool, None, DIALECT))
+    let store = SqlStore::new(pool.clone(), pool.clone(), None, DIALECT);
+    tokio::spawn(relay_notifications(pool, store.wakeups.clone()));
+    Ok(store)
 }
+
+/// Feeds the releases other replicas announce (see
+/// `migrations/postgres/0002_notify.sql`) into this replica's wake-ups, so a
+/// waiter here re-checks as soon as a lock or a write lease is released
+/// anywhere. Reconnects with a capped backoff; while disconnected, waiters
+/// fall back on their bounded re-checks.
+async fn relay_notifications(pool: sqlx::PgPool, wakeups: Wakeups) {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        let listener = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match listener.await {
+            Ok(mut listener) => {
+                delay = Duration::from_millis(250);
+                loop {
+                    match listener.recv().await {
+                        Ok(n) => match n.payload().split_once(':') {
+                            Some(("lock", name)) => wakeups.notify(Topic::Lock, name),
+                            Some(("version", key)) => wakeups.notify(Topic::Version, key),
+                            _ => {}
+                        },
+                        Err(e) => {
+                            tracing::debug!(error = %e, "notification listener lost its connection");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot listen for notifications yet"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The notification channel the triggers and the listener agree on.
+const CHANNEL: &str = "lockstep";
 
 /// Retries the migrations with a capped backoff until they succeed.
 async fn migrate_until_done(pool: sqlx::PgPool) {
