@@ -180,3 +180,75 @@ async fn postgres_wakes_a_waiter_on_another_replica_promptly() {
         "waiters on another replica were woken after {delays:?}"
     );
 }
+
+/// `?sslmode=require` connects through TLS (rustls): the server reports
+/// lockstep's sessions as encrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sslmode_require_connects_over_tls() {
+    if locks_db::postgres_admin_url().is_none() {
+        return;
+    }
+    if std::env::var("LOCKSTEP_TEST_POSTGRES_TLS").as_deref() != Ok("1") {
+        eprintln!("SKIPPED: the test PostgreSQL has no TLS (scripts/test enables it when openssl is present)");
+        return;
+    }
+    let db = Db::fresh(DbKind::Postgres).await;
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .database(format!("{}?sslmode=require", db.url()))
+        .start();
+    let client = Client::new();
+    let write = client
+        .patch(lockstep.proxy_url_for("/counters/tls"), json!({"n": 1}))
+        .header("if-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+    let dbname = db.url().rsplit_once('/').unwrap().1.to_string();
+    let admin = sqlx::PgPool::connect(&locks_db::postgres_admin_url().unwrap())
+        .await
+        .unwrap();
+    let (plain, encrypted): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*) FILTER (WHERE NOT s.ssl), COUNT(*) FILTER (WHERE s.ssl) \
+         FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.application_name = 'lockstep' AND a.datname = $1",
+    )
+    .bind(&dbname)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    admin.close().await;
+    assert!(encrypted > 0, "no encrypted lockstep session");
+    assert_eq!(plain, 0, "some lockstep sessions are not encrypted");
+}
+
+/// Replicas starting at the same moment on a fresh database all migrate it
+/// (one of them does the work; the others wait for it) and all serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_replicas_starting_together_all_come_up() {
+    if locks_db::postgres_admin_url().is_none() {
+        return;
+    }
+    let db = Db::fresh(DbKind::Postgres).await;
+    let backend = Backend::start();
+    let builders: Vec<_> = (0..3)
+        .map(|_| db.lockstep().upstream(backend.url()))
+        .collect();
+    let starting: Vec<_> = builders
+        .into_iter()
+        .map(|b| std::thread::spawn(move || b.start()))
+        .collect();
+    let replicas: Vec<Lockstep> = starting.into_iter().map(|t| t.join().unwrap()).collect();
+    let client = Client::new();
+    for (i, r) in replicas.iter().enumerate() {
+        let ready = client.get(r.admin_url_for("/readyz")).send().await;
+        assert_eq!(ready.status, 200, "replica {i}: {ready:?}");
+        let write = client
+            .patch(r.proxy_url_for(&format!("/counters/r{i}")), json!({"n": 1}))
+            .header("if-match", "\"1\"")
+            .send()
+            .await;
+        assert_eq!(write.status, 200, "replica {i}: {write:?}");
+    }
+}
