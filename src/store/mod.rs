@@ -4,11 +4,13 @@
 //! Why one implementation for two databases: the guarantees of lockstep rest
 //! on a handful of single-statement conditional writes, and the same text of
 //! those statements runs on both engines (both accept `$1` parameters and
-//! `ON CONFLICT … RETURNING`). The only dialect difference, how to read the
-//! database's clock, is one string per backend in `sqlite.rs` and
-//! `postgres.rs`, so the two cannot drift apart. All times are milliseconds
-//! from the database's clock; no lock or lease decision reads the clock of
-//! the lockstep process.
+//! `ON CONFLICT … RETURNING`). The dialect differences (how to read the
+//! database's clock, two row-lock clauses) are a few strings per backend in
+//! `sqlite.rs` and `postgres.rs`, so the two cannot drift apart; what each
+//! engine adds around them (SQLite's group commit, PostgreSQL's
+//! notifications) lives there too. All times are milliseconds from the
+//! database's clock; no lock or lease decision reads the clock of the
+//! lockstep process.
 
 mod batch;
 mod locks;
@@ -101,8 +103,8 @@ pub struct LockRecord {
 /// What an acquire did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquire {
-    /// The caller holds the lock. `previous` describes an expired holder that
-    /// was taken over (owner, how long it had been expired).
+    /// The caller holds the lock; `kind` says whether it is new, refreshed,
+    /// or taken over from an expired holder.
     Granted { lock: LockRecord, kind: GrantKind },
     /// Someone else holds it.
     Held(LockRecord),
