@@ -28,6 +28,10 @@
 
 set -euo pipefail
 
+LOG_TAG=pg-bench
+# shellcheck source-path=SCRIPTDIR source=common.sh
+. "$(dirname "$0")/common.sh"
+
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 
@@ -37,12 +41,6 @@ CLIENTS=${BENCH_CLIENTS:-32}
 OUT=${BENCH_OUT:-$HERE/results/postgres-latest.md}
 export LOCK_TTL_MS=30000 # lock_pairs.lua reads it too
 WRITE_LEASE_MS=20000     # lockstep's default versioning.write_lease_ms
-
-log() { printf '[pg-bench] %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
 
 for v in DURATION WARMUP CLIENTS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "BENCH_$v must be a whole number, got '${!v}'"
@@ -56,29 +54,14 @@ done
 find_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 
 install_missing() {
-    local pkgs=() nginx_pkg=nginx
+    local pkgs=()
     command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || pkgs+=(NGINX)
     command -v wrk >/dev/null || pkgs+=(wrk)
     command -v curl >/dev/null || pkgs+=(curl)
     command -v python3 >/dev/null || pkgs+=(python3)
     [[ -n $(find_pg_bin) && -x $(find_pg_bin)/initdb ]] || pkgs+=(postgresql)
     { command -v psql && command -v pgbench; } >/dev/null || pkgs+=(postgresql-client)
-    ((${#pkgs[@]} == 0)) && return 0
-    [[ ${BENCH_SKIP_INSTALL:-0} == 1 ]] && die "missing tools (${pkgs[*]}) and BENCH_SKIP_INSTALL=1"
-    command -v apt-get >/dev/null || die "missing tools (${pkgs[*]}) and no apt-get to install them"
-    local sudo=()
-    if ((EUID != 0)); then
-        command -v sudo >/dev/null || die "missing tools (${pkgs[*]}); run as root or install them"
-        sudo=(sudo)
-    fi
-    log "installing from Debian: ${pkgs[*]}"
-    "${sudo[@]}" apt-get update -qq >&2
-    if apt-cache policy nginx-light 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-        nginx_pkg=nginx-light
-    fi
-    pkgs=("${pkgs[@]/NGINX/$nginx_pkg}")
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
+    install_pkgs ${pkgs[@]+"${pkgs[@]}"}
 }
 
 install_missing
@@ -90,22 +73,12 @@ PGBENCH=$PG_BIN/pgbench
 PSQL=$PG_BIN/psql
 [[ -x $PSQL ]] || PSQL=$(command -v psql) || die "no psql"
 
-if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
-    log "cargo build --release"
-    (cd "$ROOT" && cargo build --release >&2)
-fi
-target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
-[[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
-LOCKSTEP=$target_dir/release/lockstep
-[[ -x $LOCKSTEP ]] || die "no lockstep binary at $LOCKSTEP"
-sync # flush what the build wrote, or its write-back competes with the fsyncs
+build_lockstep
 
 # ------------------------------------------------------ temp dir, cleanup ----
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-pgbench.XXXXXX")
-chmod 755 "$TMP" # nginx workers and the postgres user must reach their paths
-PIDS=()
 PG_STARTED=0
+make_tmp lockstep-pgbench
 
 # initdb and postgres refuse to run as root.
 run_pg() {
@@ -116,68 +89,12 @@ run_pg() {
     fi
 }
 
-cleanup() {
-    local rc=$? pid
-    trap - EXIT INT TERM
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        for _ in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
+# cleanup_hook: run by cleanup (common.sh) once the servers are stopped
+cleanup_hook() {
     if ((PG_STARTED)); then
         run_pg "$PG_BIN/pg_ctl" -D "$TMP/pg/data" -m fast -w stop >/dev/null 2>&1 ||
             run_pg "$PG_BIN/pg_ctl" -D "$TMP/pg/data" -m immediate -w stop >/dev/null 2>&1 || true
     fi
-    if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then
-        log "kept $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-start() { # start NAME CMD...: runs CMD in its own session, logs to $TMP/NAME.log
-    local name=$1
-    shift
-    setsid "$@" >"$TMP/$name.log" 2>&1 </dev/null &
-    PIDS+=("$!")
-    LAST_PID=$!
-}
-
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
-
-wait_http() { # wait_http NAME PID URL: until URL answers 200 (30 s)
-    local name=$1 pid=$2 url=$3 code
-    for _ in $(seq 1 300); do
-        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)
-        [[ $code == 200 ]] && return 0
-        kill -0 "$pid" 2>/dev/null || {
-            tail -20 "$TMP/$name.log" >&2 || true
-            die "$name exited during start-up"
-        }
-        sleep 0.1
-    done
-    tail -20 "$TMP/$name.log" >&2 || true
-    die "$name not ready at $url after 30 s"
 }
 
 read -r P_PG P_BACKEND P_LOCKSTEP P_ADMIN < <(free_ports 4)
@@ -268,11 +185,7 @@ pattern = "/items/{id}"
 EOF
 
 log "starting lockstep on :$P_LOCKSTEP (admin :$P_ADMIN), database postgres://…:$P_PG/bench"
-while read -r var; do unset "$var"; done < <(compgen -e | grep '^LOCKSTEP_' || true)
-"$LOCKSTEP" check-config --config "$TMP/lockstep.toml" >&2 || die "lockstep rejected the benchmark config"
-start lockstep "$LOCKSTEP" serve --config "$TMP/lockstep.toml"
-LOCKSTEP_PID=$LAST_PID
-wait_http lockstep "$LOCKSTEP_PID" "http://127.0.0.1:$P_ADMIN/readyz"
+start_lockstep
 # The pool size lockstep uses: [database] max_connections of the shipped config (its default).
 DB_MAX_CONN=$(awk '/^\[/ {sec = $0} sec == "[database]" && $1 == "max_connections" {print $3; exit}' \
     "$ROOT/config/lockstep.toml" 2>/dev/null || true)
@@ -281,16 +194,7 @@ DB_MAX_CONN=$(awk '/^\[/ {sec = $0} sec == "[database]" && $1 == "max_connection
 
 # ---------------------------------------------------------- sanity checks ----
 
-NOTES=()
-note() { NOTES+=("$*"); }
-
-code=$(curl -s -o "$TMP/check-lock.json" -w '%{http_code}' --max-time 5 -X POST \
-    -H 'Content-Type: application/json' -d "{\"owner\":\"w0\",\"ttl_ms\":$LOCK_TTL_MS}" \
-    "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
-[[ $code == 200 ]] || die "lock acquire answered $code: $(cat "$TMP/check-lock.json")"
-code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X DELETE -H 'Lock-Owner: w0' \
-    "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
-[[ $code == 204 ]] || die "lock release answered $code"
+check_lock_api
 for want in 2 3; do
     body=$(curl -s -D "$TMP/check-patch.headers" --max-time 5 -X PATCH -H 'Content-Type: application/json' \
         -d '{"title":"sanity"}' "http://127.0.0.1:$P_LOCKSTEP/items/sanity")
@@ -411,40 +315,7 @@ done
 
 # ------------------------------------------------------------ measuring ----
 
-cpu_busy() { # % of CPU used by anything over one second, with ours idle
-    local a b
-    a=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat 2>/dev/null) || {
-        echo "?"
-        return 0
-    }
-    sleep 1
-    b=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat)
-    awk -v a="$a" -v b="$b" 'BEGIN {split(a, x, " "); split(b, y, " ");
-        busy = y[1] - x[1]; idle = y[2] - x[2];
-        printf "%.0f", (busy + idle > 0 ? 100 * busy / (busy + idle) : 0)}'
-}
 BUSY_START=$(cpu_busy)
-
-kv() { # kv LINE KEY: the value of KEY=value in LINE
-    local pair
-    for pair in $1; do
-        [[ $pair == "$2="* ]] && {
-            printf '%s\n' "${pair#*=}"
-            return 0
-        }
-    done
-    echo "n/a"
-}
-wrk_sockerr() {
-    local sum=0 n
-    for n in $(awk '/Socket errors:/ {gsub(/,/, ""); print $4, $6, $8, $10}' "$1"); do
-        sum=$((sum + n))
-    done
-    echo "$sum"
-}
-num() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.0f", v; else print v}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
-verdict() { awk -v r="$1" -v t="$2" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "meets"; else print "**below**"}'; }
 
 # wrk_run NAME URL [wrk options...]: warm-up, then the measured run into
 # $TMP/wrk-NAME.txt; one thread per connection.
@@ -520,14 +391,7 @@ read -r PV_TPS PV_TXNS PV_ALL PV_P99 PV_FAILED < <(pgbench_run pg-versions "$TMP
 read -r PV_BUMPS PV_LEASED < <(psql_db direct -At -F ' ' -c \
     "SELECT COALESCE(SUM(version - 1), 0) - 1, COUNT(*) FILTER (WHERE lease_id IS NOT NULL) FROM versions WHERE key LIKE 'pgbench/%'")
 
-kill -0 "$LOCKSTEP_PID" 2>/dev/null || note "**lockstep exited during the run**; see its log."
-while read -r count msg; do
-    note "lockstep logged $count × \`$msg\`"
-done < <(sed 's/\x1b\[[0-9;]*m//g' "$TMP/lockstep.log" |
-    awk '$2 == "WARN" || $2 == "ERROR" {
-             line = $0; sub(/^[^ ]+ +/, "", line)
-             sub(/ [a-z_.]+=.*$/, "", line); print substr(line, 1, 100)
-         }' | sort | uniq -c | sort -rn | head -5)
+note_lockstep_log
 
 # ---------------------------------------------------------------- report ----
 
@@ -545,9 +409,7 @@ fi
 
 R_L=$(ratio "$L_RPS" "$PL_TPS")
 R_W=$(ratio "$W_RPS" "$PV_TPS")
-commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[[ -n $(git -C "$ROOT" status --porcelain -- src migrations Cargo.toml Cargo.lock 2>/dev/null) ]] &&
-    commit="$commit + uncommitted changes"
+commit=$(lockstep_commit)
 
 mkdir -p "$(dirname "$OUT")"
 {

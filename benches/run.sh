@@ -33,6 +33,10 @@
 
 set -euo pipefail
 
+LOG_TAG=bench
+# shellcheck source-path=SCRIPTDIR source=common.sh
+. "$(dirname "$0")/common.sh"
+
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 
@@ -44,12 +48,6 @@ LOCK_CLIENTS=${BENCH_LOCK_CLIENTS:-32}
 ROUNDS=${BENCH_ROUNDS:-1}
 OUT=${BENCH_OUT:-$HERE/results/latest.md}
 export LOCK_TTL_MS=30000 # lock_pairs.lua reads it too
-
-log() { printf '[bench] %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
 
 for v in DURATION CONNECTIONS THREADS WARMUP LOCK_CLIENTS ROUNDS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "BENCH_$v must be a whole number, got '${!v}'"
@@ -63,7 +61,7 @@ done
 # ---------------------------------------------------------------- tools ----
 
 install_missing() {
-    local pkgs=() nginx_pkg=nginx
+    local pkgs=()
     command -v nginx >/dev/null || pkgs+=(NGINX)
     command -v wrk >/dev/null || pkgs+=(wrk)
     command -v redis-server >/dev/null || pkgs+=(redis-server)
@@ -71,110 +69,17 @@ install_missing() {
     command -v sqlite3 >/dev/null || pkgs+=(sqlite3)
     command -v curl >/dev/null || pkgs+=(curl)
     command -v python3 >/dev/null || pkgs+=(python3)
-    ((${#pkgs[@]} == 0)) && return 0
-    [[ ${BENCH_SKIP_INSTALL:-0} == 1 ]] && die "missing tools (${pkgs[*]}) and BENCH_SKIP_INSTALL=1"
-    command -v apt-get >/dev/null || die "missing tools (${pkgs[*]}) and no apt-get to install them"
-    local sudo=()
-    if ((EUID != 0)); then
-        command -v sudo >/dev/null || die "missing tools (${pkgs[*]}); run as root or install them"
-        sudo=(sudo)
-    fi
-    log "installing from Debian: ${pkgs[*]}"
-    "${sudo[@]}" apt-get update -qq >&2
-    # nginx-light (Debian <= 12) is the smallest build with what is needed here.
-    if apt-cache policy nginx-light 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-        nginx_pkg=nginx-light
-    fi
-    pkgs=("${pkgs[@]/NGINX/$nginx_pkg}")
-    # In containers policy-rc.d keeps the packaged services from starting;
-    # nothing here uses them: every server below is started on its own ports.
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
+    install_pkgs ${pkgs[@]+"${pkgs[@]}"}
 }
 
 install_missing
 export PATH="$PATH:/usr/sbin:/sbin" # nginx lives in /usr/sbin
 
-if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
-    log "cargo build --release"
-    (cd "$ROOT" && cargo build --release >&2)
-fi
-target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
-[[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
-LOCKSTEP=$target_dir/release/lockstep
-[[ -x $LOCKSTEP ]] || die "no lockstep binary at $LOCKSTEP"
-# Flush what the build wrote, or its write-back slows the fsync-bound lock rows.
-sync
+build_lockstep
 
 # ------------------------------------------------------ temp dir, cleanup ----
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-bench.XXXXXX")
-chmod 755 "$TMP" # nginx workers drop root; they must reach their temp paths
-PIDS=()
-
-cleanup() {
-    local rc=$? pid
-    trap - EXIT INT TERM
-    # Each server was started as its own process group (setsid): signal the
-    # group so nginx workers go with their master.
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        for _ in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then
-        log "kept $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# start NAME CMD... : runs CMD in its own session, logs to $TMP/NAME.log
-start() {
-    local name=$1
-    shift
-    setsid "$@" >"$TMP/$name.log" 2>&1 </dev/null &
-    PIDS+=("$!")
-    LAST_PID=$!
-}
-
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
-
-# wait_http NAME PID URL: until URL answers 200 (30 s)
-wait_http() {
-    local name=$1 pid=$2 url=$3 code
-    for _ in $(seq 1 300); do
-        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)
-        [[ $code == 200 ]] && return 0
-        kill -0 "$pid" 2>/dev/null || {
-            tail -20 "$TMP/$name.log" >&2 || true
-            die "$name exited during start-up"
-        }
-        sleep 0.1
-    done
-    tail -20 "$TMP/$name.log" >&2 || true
-    die "$name not ready at $url after 30 s"
-}
+make_tmp lockstep-bench
 
 wait_redis() {
     local name=$1 pid=$2 port=$3
@@ -278,12 +183,7 @@ PROXY_GROUP=$LAST_PID
 wait_http nginx-proxy "$LAST_PID" "http://127.0.0.1:$P_PROXY/"
 
 log "starting lockstep on :$P_LOCKSTEP (admin :$P_ADMIN)"
-# The environment must not override the benchmark's configuration.
-while read -r var; do unset "$var"; done < <(compgen -e | grep '^LOCKSTEP_' || true)
-"$LOCKSTEP" check-config --config "$TMP/lockstep.toml" >&2 || die "lockstep rejected the benchmark config"
-start lockstep "$LOCKSTEP" serve --config "$TMP/lockstep.toml"
-LOCKSTEP_PID=$LAST_PID
-wait_http lockstep "$LOCKSTEP_PID" "http://127.0.0.1:$P_ADMIN/readyz"
+start_lockstep
 
 log "starting redis on :$P_REDIS (no persistence) and :$P_REDIS_FSYNC (appendfsync always)"
 mkdir -p "$TMP/redis" "$TMP/redis-fsync"
@@ -295,9 +195,6 @@ start redis-fsync redis-server --bind 127.0.0.1 --port "$P_REDIS_FSYNC" --dir "$
 wait_redis redis-fsync "$LAST_PID" "$P_REDIS_FSYNC"
 
 # ---------------------------------------------------------- sanity checks ----
-
-NOTES=()
-note() { NOTES+=("$*"); }
 
 # check_get NAME URL: must be 200 with the backend's body; sets CHECK_ETAG
 # ("none" when absent) and CHECK_BODY
@@ -321,13 +218,7 @@ check_get versioned "http://127.0.0.1:$P_LOCKSTEP/articles/1"
 [[ $CHECK_BODY == *'"version":1'* ]] || die "versioned GET /articles/1 body has no version: $CHECK_BODY"
 note "Sanity: \`GET /plain/1\` through lockstep has no ETag; \`GET /articles/1\` has \`ETag: \"1\"\` and body \`$CHECK_BODY\`."
 
-code=$(curl -s -o "$TMP/check-lock.json" -w '%{http_code}' --max-time 5 -X POST \
-    -H 'Content-Type: application/json' -d "{\"owner\":\"w0\",\"ttl_ms\":$LOCK_TTL_MS}" \
-    "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
-[[ $code == 200 ]] || die "lock acquire answered $code: $(cat "$TMP/check-lock.json")"
-code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X DELETE -H 'Lock-Owner: w0' \
-    "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
-[[ $code == 204 ]] || die "lock release answered $code"
+check_lock_api
 
 REDIS_LUA="local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', $LOCK_TTL_MS) if ok and redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 for port in "$P_REDIS" "$P_REDIS_FSYNC"; do
@@ -337,27 +228,9 @@ done
 
 # ------------------------------------------------------------ measuring ----
 
-# cpu_busy: % of CPU time used by anything over one second, while nothing of
-# ours runs; other work on the machine skews every row.
-cpu_busy() {
-    local a b
-    a=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat 2>/dev/null) || {
-        echo "?"
-        return 0
-    }
-    sleep 1
-    b=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat)
-    awk -v a="$a" -v b="$b" 'BEGIN {split(a, x, " "); split(b, y, " ");
-        busy = y[1] - x[1]; idle = y[2] - x[2];
-        printf "%.0f", (busy + idle > 0 ? 100 * busy / (busy + idle) : 0)}'
-}
 BUSY_START=$(cpu_busy)
 
-# Number formatting for the report.
 ms() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.2f", v; else print v}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
-verdict() { awk -v r="$1" -v t="$2" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "meets"; else print "**below**"}'; }
-num() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.0f", v; else print v}'; }
 
 # Parsers for wrk's text output.
 wrk_rps() { awk '/^Requests\/sec:/ {print $2; f=1} END {if (!f) print "0"}' "$1"; }
@@ -374,9 +247,6 @@ wrk_p99_ms() {
          END { if (!found) print "n/a" }' "$1"
 }
 wrk_non2xx() { awk -F': *' '/Non-2xx or 3xx responses/ {print $2; f=1} END {if (!f) print 0}' "$1"; }
-wrk_sockerr() {
-    awk '/Socket errors:/ {gsub(/,/, ""); s = $4 + $6 + $8 + $10; f=1} END {print f ? s : 0}' "$1"
-}
 
 CLK_TCK=$(getconf CLK_TCK)
 # group_ticks PGID: CPU time (user + system, clock ticks) used so far by the
@@ -412,17 +282,6 @@ wrk_run() {
 wrk_requests() { awk '/ requests in / {print $1; f=1} END {if (!f) print 0}' "$1"; }
 # per_unit MICROSECONDS COUNT: µs per request (or pair), whole
 per_unit() { awk -v u="$1" -v n="$2" 'BEGIN {if (n > 0) printf "%.0f", u / n; else print "n/a"}'; }
-
-kv() { # kv LINE KEY: the value of KEY=value in LINE
-    local pair
-    for pair in $1; do
-        [[ $pair == "$2="* ]] && {
-            printf '%s\n' "${pair#*=}"
-            return 0
-        }
-    done
-    echo "n/a"
-}
 
 # Figures per "row:round". FAILS counts non-2xx answers (or failed SQL) and
 # SOCKERR socket errors.
@@ -555,15 +414,7 @@ read -r RF_PAIRS_S RF_P99 < <(redis_bench redis-fsync "$P_REDIS_FSYNC")
 DB_MODE=$(sqlite3 "$TMP/bench.db" 'PRAGMA journal_mode;' 2>/dev/null || echo "?")
 DB_VERSIONS=$(sqlite3 "$TMP/bench.db" 'SELECT count(*) FROM versions;' 2>/dev/null || echo "?")
 DB_LOCKS=$(sqlite3 "$TMP/bench.db" 'SELECT count(*) FROM locks;' 2>/dev/null || echo "?")
-kill -0 "$LOCKSTEP_PID" 2>/dev/null || note "**lockstep exited during the run**; see its log."
-# lockstep's own warnings and errors during the runs, grouped by message.
-while read -r count msg; do
-    note "lockstep logged $count × \`$msg\`"
-done < <(sed 's/\x1b\[[0-9;]*m//g' "$TMP/lockstep.log" |
-    awk '$2 == "WARN" || $2 == "ERROR" {
-             line = $0; sub(/^[^ ]+ +/, "", line)
-             sub(/ [a-z_.]+=.*$/, "", line); print substr(line, 1, 100)
-         }' | sort | uniq -c | sort -rn | head -5)
+note_lockstep_log
 
 # ---------------------------------------------------------------- report ----
 
@@ -585,9 +436,7 @@ R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
 R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
 R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
 
-commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[[ -n $(git -C "$ROOT" status --porcelain -- src migrations Cargo.toml Cargo.lock 2>/dev/null) ]] &&
-    commit="$commit + uncommitted changes"
+commit=$(lockstep_commit)
 nginx_v=$(nginx -v 2>&1 | sed 's/.*nginx\///')
 redis_v=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
 bundled=$(grep -h -m1 '#define SQLITE_VERSION ' "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/libsqlite3-sys-*/sqlite3/sqlite3.h 2>/dev/null |

@@ -1,0 +1,231 @@
+# shellcheck shell=bash
+# Shell helpers shared by benches/run.sh and benches/postgres.sh; sourced, not
+# run. It holds what the two scripts do alike: logging (log/die, tagged with
+# $LOG_TAG), installing missing Debian packages, building and finding the
+# lockstep binary, the temp dir with its EXIT cleanup of the servers started,
+# starting servers (start, free_ports, wait_http, start_lockstep), the lock API
+# sanity check, report notes, the idle-CPU probe, and the small number and
+# output parsers (kv, num, ratio, verdict, wrk_sockerr). What only one script
+# needs stays in that script.
+#
+# The sourcing script sets LOG_TAG before calling log, and may define
+# cleanup_hook, which cleanup runs after the servers are stopped and before the
+# temp dir goes. It runs under the script's `set -euo pipefail`.
+
+log() { printf '[%s] %s\n' "$LOG_TAG" "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# ---------------------------------------------------------------- tools ----
+
+# install_pkgs PKG...: installs the Debian packages given (none: nothing to do);
+# NGINX stands for nginx-light when the archive has it, else nginx.
+install_pkgs() {
+    local pkgs=("$@") nginx_pkg=nginx
+    ((${#pkgs[@]} == 0)) && return 0
+    [[ ${BENCH_SKIP_INSTALL:-0} == 1 ]] && die "missing tools (${pkgs[*]}) and BENCH_SKIP_INSTALL=1"
+    command -v apt-get >/dev/null || die "missing tools (${pkgs[*]}) and no apt-get to install them"
+    local sudo=()
+    if ((EUID != 0)); then
+        command -v sudo >/dev/null || die "missing tools (${pkgs[*]}); run as root or install them"
+        sudo=(sudo)
+    fi
+    log "installing from Debian: ${pkgs[*]}"
+    "${sudo[@]}" apt-get update -qq >&2
+    # nginx-light (Debian <= 12) is the smallest build with what is needed here.
+    if apt-cache policy nginx-light 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+        nginx_pkg=nginx-light
+    fi
+    pkgs=("${pkgs[@]/NGINX/$nginx_pkg}")
+    # In containers policy-rc.d keeps the packaged services from starting;
+    # nothing here uses them: every server is started on its own ports.
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
+}
+
+# build_lockstep: cargo build --release (unless BENCH_SKIP_BUILD=1); sets LOCKSTEP
+# to the binary.
+build_lockstep() {
+    local target_dir
+    if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
+        log "cargo build --release"
+        (cd "$ROOT" && cargo build --release >&2)
+    fi
+    target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
+    [[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
+    LOCKSTEP=$target_dir/release/lockstep
+    [[ -x $LOCKSTEP ]] || die "no lockstep binary at $LOCKSTEP"
+    # Flush what the build wrote, or its write-back slows the fsync-bound rows.
+    sync
+}
+
+# ------------------------------------------------------ temp dir, cleanup ----
+
+# make_tmp NAME: creates TMP (readable by nginx workers and the postgres user,
+# which drop root), empties PIDS and sets the traps that run cleanup.
+make_tmp() {
+    TMP=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+    chmod 755 "$TMP"
+    PIDS=()
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    # Each server was started as its own process group (setsid): signal the
+    # group so nginx workers go with their master.
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        for _ in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if declare -F cleanup_hook >/dev/null; then
+        cleanup_hook
+    fi
+    if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then
+        log "kept $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+    exit "$rc"
+}
+
+# --------------------------------------------------------------- servers ----
+
+# start NAME CMD... : runs CMD in its own session, logs to $TMP/NAME.log
+start() {
+    local name=$1
+    shift
+    setsid "$@" >"$TMP/$name.log" 2>&1 </dev/null &
+    PIDS+=("$!")
+    LAST_PID=$!
+}
+
+free_ports() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# wait_http NAME PID URL: until URL answers 200 (30 s)
+wait_http() {
+    local name=$1 pid=$2 url=$3 code
+    for _ in $(seq 1 300); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)
+        [[ $code == 200 ]] && return 0
+        kill -0 "$pid" 2>/dev/null || {
+            tail -20 "$TMP/$name.log" >&2 || true
+            die "$name exited during start-up"
+        }
+        sleep 0.1
+    done
+    tail -20 "$TMP/$name.log" >&2 || true
+    die "$name not ready at $url after 30 s"
+}
+
+# start_lockstep: checks and serves $TMP/lockstep.toml, sets LOCKSTEP_PID and
+# waits for /readyz on the admin port $P_ADMIN.
+start_lockstep() {
+    local var
+    # The environment must not override the benchmark's configuration.
+    while read -r var; do unset "$var"; done < <(compgen -e | grep '^LOCKSTEP_' || true)
+    "$LOCKSTEP" check-config --config "$TMP/lockstep.toml" >&2 || die "lockstep rejected the benchmark config"
+    start lockstep "$LOCKSTEP" serve --config "$TMP/lockstep.toml"
+    LOCKSTEP_PID=$LAST_PID
+    wait_http lockstep "$LOCKSTEP_PID" "http://127.0.0.1:$P_ADMIN/readyz"
+}
+
+# check_lock_api: one acquire (200) + release (204) on the admin listener.
+check_lock_api() {
+    local code
+    code=$(curl -s -o "$TMP/check-lock.json" -w '%{http_code}' --max-time 5 -X POST \
+        -H 'Content-Type: application/json' -d "{\"owner\":\"w0\",\"ttl_ms\":$LOCK_TTL_MS}" \
+        "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
+    [[ $code == 200 ]] || die "lock acquire answered $code: $(cat "$TMP/check-lock.json")"
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X DELETE -H 'Lock-Owner: w0' \
+        "http://127.0.0.1:$P_ADMIN/locks/bench:sanity")
+    [[ $code == 204 ]] || die "lock release answered $code"
+}
+
+# ---------------------------------------------------------------- notes ----
+
+NOTES=()
+note() { NOTES+=("$*"); }
+
+# note_lockstep_log: a note per lockstep warning or error logged during the
+# runs, grouped by message (the five most frequent), and one if it exited.
+note_lockstep_log() {
+    local count msg
+    kill -0 "$LOCKSTEP_PID" 2>/dev/null || note "**lockstep exited during the run**; see its log."
+    while read -r count msg; do
+        note "lockstep logged $count × \`$msg\`"
+    done < <(sed 's/\x1b\[[0-9;]*m//g' "$TMP/lockstep.log" |
+        awk '$2 == "WARN" || $2 == "ERROR" {
+                 line = $0; sub(/^[^ ]+ +/, "", line)
+                 sub(/ [a-z_.]+=.*$/, "", line); print substr(line, 1, 100)
+             }' | sort | uniq -c | sort -rn | head -5)
+}
+
+# lockstep_commit: the short commit, marked when src/ or the manifests differ
+lockstep_commit() {
+    local commit
+    commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [[ -n $(git -C "$ROOT" status --porcelain -- src migrations Cargo.toml Cargo.lock 2>/dev/null) ]] &&
+        commit="$commit + uncommitted changes"
+    echo "$commit"
+}
+
+# ------------------------------------------------------------ measuring ----
+
+# cpu_busy: % of CPU time used by anything over one second, while nothing of
+# ours runs; other work on the machine skews every row.
+cpu_busy() {
+    local a b
+    a=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat 2>/dev/null) || {
+        echo "?"
+        return 0
+    }
+    sleep 1
+    b=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN {split(a, x, " "); split(b, y, " ");
+        busy = y[1] - x[1]; idle = y[2] - x[2];
+        printf "%.0f", (busy + idle > 0 ? 100 * busy / (busy + idle) : 0)}'
+}
+
+kv() { # kv LINE KEY: the value of KEY=value in LINE
+    local pair
+    for pair in $1; do
+        [[ $pair == "$2="* ]] && {
+            printf '%s\n' "${pair#*=}"
+            return 0
+        }
+    done
+    echo "n/a"
+}
+
+# wrk_sockerr FILE: socket errors (connect + read + write + timeout) in wrk's output
+wrk_sockerr() {
+    awk '/Socket errors:/ {gsub(/,/, ""); s = $4 + $6 + $8 + $10; f=1} END {print f ? s : 0}' "$1"
+}
+
+# Number formatting for the reports.
+num() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.0f", v; else print v}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+verdict() { awk -v r="$1" -v t="$2" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "meets"; else print "**below**"}'; }
