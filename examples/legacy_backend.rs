@@ -8,6 +8,7 @@
 //! ```
 //!
 //! After binding it prints one line, `LISTENING <ip:port>`, to stdout.
+//! With `--tls-cert FILE --tls-key FILE` (PEM) it serves HTTPS instead.
 //!
 //! # The API it serves
 //!
@@ -89,13 +90,19 @@ const STREAM_CHUNK: usize = 64 * 1024;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let listen = match parse_args(std::env::args().skip(1)) {
-        Ok(listen) => listen,
+    let Args { listen, tls } = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
         Err(message) => {
             eprintln!("legacy_backend: {message}");
-            eprintln!("usage: legacy_backend [--listen ADDR]   (default 127.0.0.1:3000)");
+            eprintln!(
+                "usage: legacy_backend [--listen ADDR] [--tls-cert FILE --tls-key FILE]   (default 127.0.0.1:3000)"
+            );
             std::process::exit(2);
         }
+    };
+    let tls = match tls {
+        Some((cert, key)) => Some(tls_acceptor(&cert, &key)?),
+        None => None,
     };
 
     let listener = TcpListener::bind(listen).await?;
@@ -120,22 +127,58 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(Arc::clone(&state), req));
             // Errors here are clients going away or the deliberate
             // `X-Backend-Reset`; neither is worth reporting.
-            let _ = http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let http = http1::Builder::new().keep_alive(true).clone();
+            match tls {
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+                Some(acceptor) => {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+            }
         });
     }
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<SocketAddr, String> {
+struct Args {
+    listen: SocketAddr,
+    tls: Option<(String, String)>,
+}
+
+/// A TLS acceptor serving the PEM certificate chain and key in the files.
+fn tls_acceptor(
+    cert: &str,
+    key: &str,
+) -> Result<tokio_rustls::TlsAcceptor, Box<dyn std::error::Error>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(key)?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut listen = String::from("127.0.0.1:3000");
+    let (mut cert, mut key) = (None, None);
     while let Some(arg) = args.next() {
-        if arg == "--listen" {
+        if arg == "--tls-cert" {
+            cert = Some(args.next().ok_or("--tls-cert needs a file")?);
+        } else if arg == "--tls-key" {
+            key = Some(args.next().ok_or("--tls-key needs a file")?);
+        } else if arg == "--listen" {
             listen = args.next().ok_or("--listen needs an address")?;
         } else if let Some(value) = arg.strip_prefix("--listen=") {
             listen = value.to_owned();
@@ -143,9 +186,15 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<SocketAddr, Stri
             return Err(format!("unknown argument {arg:?}"));
         }
     }
-    listen
+    let tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    let listen = listen
         .parse()
-        .map_err(|err| format!("bad --listen address {listen:?}: {err}"))
+        .map_err(|err| format!("bad --listen address {listen:?}: {err}"))?;
+    Ok(Args { listen, tls })
 }
 
 /// State shared by all connections.

@@ -15,6 +15,7 @@ use crate::proxy::{Upstream, UpstreamSettings};
 use crate::server::router::{AdminRouter, ProxyRouter};
 use crate::server::{self, ConnSettings};
 use crate::store::{self, PoolSettings};
+use crate::tls::ReloadingCert;
 use crate::versioning::{self, Versioning};
 
 /// Why lockstep could not start or run.
@@ -22,6 +23,8 @@ use crate::versioning::{self, Versioning};
 pub enum RunError {
     #[error("cannot open the database: {0}")]
     Database(String),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -50,6 +53,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         request_timeout: ms(c.upstream.request_timeout_ms),
         pool_idle_timeout: ms(c.upstream.pool_idle_timeout_ms),
         pool_max_idle_per_host: c.upstream.pool_max_idle_per_host,
+        tls: crate::tls::client_config(cfg.upstream_ca.as_deref())?,
     };
     let resources = Arc::new(cfg.resources.clone());
     let versioning_settings = versioning::Settings {
@@ -73,6 +77,11 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let lock_prefix: Option<Arc<str>> =
         (!c.locks.proxy_prefix.is_empty()).then(|| Arc::from(c.locks.proxy_prefix.as_str()));
 
+    let proxy_cert = cfg.proxy_tls.clone().map(ReloadingCert::new).transpose()?;
+    let admin_cert = cfg.admin_tls.clone().map(ReloadingCert::new).transpose()?;
+    let proxy_https = proxy_cert.is_some();
+    let admin_https = admin_cert.is_some();
+
     // Each proxy worker gets its own router with its own upstream client, so
     // a request, its upstream connection and their tasks stay on one thread.
     let make_proxy_router = {
@@ -91,7 +100,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
                 upstream,
                 locks: locks.clone(),
                 lock_prefix: lock_prefix.clone(),
-                proto: "http",
+                proto: if proxy_https { "https" } else { "http" },
             }
         }
     };
@@ -132,6 +141,10 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         })?;
 
     let conn = ConnSettings {
+        tls: proxy_cert
+            .as_ref()
+            .map(ReloadingCert::server_config)
+            .transpose()?,
         max_header_bytes: c.server.max_header_bytes,
         header_read_timeout: ms(c.server.header_read_timeout_ms),
         idle_timeout: ms(c.server.idle_timeout_ms),
@@ -154,17 +167,31 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         addr: cfg.listen,
         source,
     })?;
+    let admin_conn = ConnSettings {
+        tls: admin_cert
+            .as_ref()
+            .map(ReloadingCert::server_config)
+            .transpose()?,
+        ..conn.clone()
+    };
     let admin = tokio::spawn(server::serve(
         "admin",
         admin_listener,
         admin_router,
-        conn,
+        admin_conn,
+        stop.clone(),
+    ));
+    let cert_watch = tokio::spawn(crate::tls::watch(
+        proxy_cert.into_iter().chain(admin_cert).collect(),
+        ms(c.server.tls_reload_interval_ms),
         stop.clone(),
     ));
     let sweeper = tokio::spawn(locks::sweeper(store.clone(), lock_settings, stop.clone()));
 
     tracing::info!(
         proxy = %proxy_addr,
+        proxy_tls = proxy_https,
+        admin_tls = admin_https,
         workers = worker_count,
         admin = %admin_addr,
         upstream = %cfg.upstream,
@@ -183,7 +210,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             let _ = w.join();
         }
     });
-    let _ = tokio::join!(proxy, admin, sweeper);
+    let _ = tokio::join!(proxy, admin, sweeper, cert_watch);
     tracing::info!("stopped");
     Ok(())
 }

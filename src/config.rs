@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::resources::ResourceMap;
+use crate::tls::CertFiles;
 
 /// The whole configuration, as read from the file and overlays.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -44,6 +45,16 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Proxy worker threads; 0 means one per core.
     pub workers: usize,
+    /// PEM certificate chain and key: set both to serve the proxy listener
+    /// over TLS.
+    pub cert_file: String,
+    pub key_file: String,
+    /// The same for the admin listener.
+    pub admin_cert_file: String,
+    pub admin_key_file: String,
+    /// How often the certificate files are checked for a change (SIGHUP
+    /// reloads at once).
+    pub tls_reload_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +69,11 @@ impl Default for ServerConfig {
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
             workers: 0,
+            cert_file: String::new(),
+            key_file: String::new(),
+            admin_cert_file: String::new(),
+            admin_key_file: String::new(),
+            tls_reload_interval_ms: 10_000,
         }
     }
 }
@@ -70,6 +86,9 @@ pub struct UpstreamConfig {
     pub request_timeout_ms: u64,
     pub pool_idle_timeout_ms: u64,
     pub pool_max_idle_per_host: usize,
+    /// PEM CA certificates trusted for an `https://` upstream instead of
+    /// the system and webpki roots.
+    pub ca_file: String,
 }
 
 impl Default for UpstreamConfig {
@@ -80,6 +99,7 @@ impl Default for UpstreamConfig {
             request_timeout_ms: 15_000,
             pool_idle_timeout_ms: 90_000,
             pool_max_idle_per_host: 256,
+            ca_file: String::new(),
         }
     }
 }
@@ -291,20 +311,11 @@ impl Config {
                 self.upstream.url
             ))
         })?;
-        match upstream.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return invalid(format!(
-                    "upstream.url {:?}: https upstreams are not supported yet; use http://",
-                    self.upstream.url
-                ))
-            }
-            _ => {
-                return invalid(format!(
-                    "upstream.url {:?} must start with http://",
-                    self.upstream.url
-                ))
-            }
+        if !matches!(upstream.scheme_str(), Some("http" | "https")) {
+            return invalid(format!(
+                "upstream.url {:?} must start with http:// or https://",
+                self.upstream.url
+            ));
         }
         if upstream.authority().is_none() {
             return invalid(format!("upstream.url {:?} has no host", self.upstream.url));
@@ -391,10 +402,35 @@ impl Config {
             ));
         }
         let resources = ResourceMap::new(&self.resources).map_err(ConfigError::Invalid)?;
+        let s = &self.server;
+        let proxy_tls = cert_pair(
+            "server.cert_file",
+            &s.cert_file,
+            "server.key_file",
+            &s.key_file,
+        )?;
+        let admin_tls = cert_pair(
+            "server.admin_cert_file",
+            &s.admin_cert_file,
+            "server.admin_key_file",
+            &s.admin_key_file,
+        )?;
+        if s.tls_reload_interval_ms == 0 {
+            return invalid("server.tls_reload_interval_ms must be > 0".into());
+        }
+        let upstream_ca =
+            (!self.upstream.ca_file.is_empty()).then(|| PathBuf::from(&self.upstream.ca_file));
+        if upstream.scheme_str() == Some("https") || upstream_ca.is_some() {
+            crate::tls::client_config(upstream_ca.as_deref())
+                .map_err(|e| ConfigError::Invalid(format!("upstream.ca_file: {e}")))?;
+        }
         Ok(Validated {
             listen,
             admin_listen,
             upstream,
+            upstream_ca,
+            proxy_tls,
+            admin_tls,
             resources,
             config: self,
         })
@@ -408,12 +444,42 @@ pub struct Validated {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub upstream: http::Uri,
+    /// Trust only these CAs for an `https://` upstream.
+    pub upstream_ca: Option<PathBuf>,
+    /// Certificate files of the proxy and admin listeners (checked to load).
+    pub proxy_tls: Option<CertFiles>,
+    pub admin_tls: Option<CertFiles>,
     pub resources: ResourceMap,
 }
 
 impl Validated {
     pub fn ms(ms: u64) -> Duration {
         Duration::from_millis(ms)
+    }
+}
+
+/// Both keys set (and the pair loads) or neither.
+fn cert_pair(
+    cert_key: &str,
+    cert: &str,
+    key_key: &str,
+    key: &str,
+) -> Result<Option<CertFiles>, ConfigError> {
+    match (cert.is_empty(), key.is_empty()) {
+        (true, true) => Ok(None),
+        (false, false) => {
+            let files = CertFiles {
+                cert_file: PathBuf::from(cert),
+                key_file: PathBuf::from(key),
+            };
+            files
+                .load()
+                .map_err(|e| ConfigError::Invalid(format!("{cert_key}/{key_key}: {e}")))?;
+            Ok(Some(files))
+        }
+        _ => Err(ConfigError::Invalid(format!(
+            "{cert_key} and {key_key} go together: set both to serve TLS, or neither"
+        ))),
     }
 }
 

@@ -14,8 +14,8 @@
 //!   other and meet only through the store.
 //! * [`proxy`] (forwarding to the backend), [`problem`] (errors as RFC 9457
 //!   responses), [`telemetry`] (tracing set-up).
-//! * [`config`], [`resources`], [`store`], [`error`], [`body`], [`timefmt`] —
-//!   the ground floor.
+//! * [`config`], [`resources`], [`store`], [`error`], [`body`], [`timefmt`],
+//!   [`tls`] (certificates and trust roots) — the ground floor.
 
 pub mod app;
 pub mod body;
@@ -29,4 +29,5 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod timefmt;
+pub mod tls;
 pub mod versioning;

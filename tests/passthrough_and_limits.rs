@@ -169,6 +169,62 @@ async fn unversioned_paths_reach_the_backend_byte_for_byte() {
 }
 
 #[tokio::test]
+async fn w3c_trace_context_reaches_the_backend_unchanged_on_every_route_kind() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/trace", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+
+    // Passthrough, a versioned read, a versioned write.
+    let resp = client
+        .get(lockstep.proxy_url_for("/unversioned/trace"))
+        .header("traceparent", traceparent)
+        .header("tracestate", tracestate)
+        .send()
+        .await;
+    assert_eq!(resp.status, 404, "{resp:?}");
+    let resp = client
+        .get(lockstep.proxy_url_for("/articles/trace"))
+        .header("traceparent", traceparent)
+        .header("tracestate", tracestate)
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let resp = client
+        .patch(
+            lockstep.proxy_url_for("/articles/trace"),
+            json!({"title": "u"}),
+        )
+        .if_match(1)
+        .header("traceparent", traceparent)
+        .header("tracestate", tracestate)
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+
+    for (method, path) in [
+        ("GET", "/unversioned/trace"),
+        ("GET", "/articles/trace"),
+        ("PATCH", "/articles/trace"),
+    ] {
+        let seen = received(&backend, method, path).await;
+        assert_eq!(seen.len(), 1, "{method} {path}: {seen:?}");
+        assert_eq!(
+            logged_header(&seen[0], "traceparent"),
+            [traceparent],
+            "{method} {path}"
+        );
+        assert_eq!(
+            logged_header(&seen[0], "tracestate"),
+            [tracestate],
+            "{method} {path}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn unversioned_responses_are_the_backends_own() {
     let backend = Backend::start();
     backend.seed("/articles/1/comments", json!({"c": 1})).await;

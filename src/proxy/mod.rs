@@ -15,6 +15,7 @@ use std::time::Duration;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -30,12 +31,14 @@ pub struct UpstreamSettings {
     pub request_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// Trust roots for an `https://` upstream (unused for `http://`).
+    pub tls: rustls::ClientConfig,
 }
 
 /// The client side of the proxy: where requests go and how.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     scheme: Scheme,
     authority: Authority,
     request_timeout: Duration,
@@ -83,6 +86,16 @@ impl Upstream {
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
+        connector.enforce_http(false);
+        // Plain http:// passes straight through; https:// is verified
+        // against `settings.tls`. The connect timeout above covers the TCP
+        // connect only; a TLS handshake that stalls is bounded by the
+        // request timeout.
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(settings.tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())

@@ -1,8 +1,12 @@
-//! The edge: listeners, the accept loop, and graceful drain. Each accepted
-//! connection is served by hyper-util's auto builder (HTTP/1.1, and HTTP/2
-//! with prior knowledge, h2c), watched by a `GracefulShutdown` so SIGTERM
-//! stops accepting, lets in-flight requests finish within the drain
-//! timeout, and then returns.
+//! The edge: listeners, TLS, the accept loop, and graceful drain. Each
+//! accepted connection is served by hyper-util's auto builder (HTTP/1.1,
+//! and HTTP/2 by ALPN over TLS or with prior knowledge, h2c, in the clear),
+//! watched by a `GracefulShutdown` so SIGTERM stops accepting, lets
+//! in-flight requests finish within the drain timeout, and then returns.
+//!
+//! The TLS handshake runs in the connection's own task, bounded by the
+//! header read timeout, so a client that stalls mid-handshake holds one
+//! connection slot and never the accept loop.
 
 pub mod router;
 
@@ -16,16 +20,18 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::Body;
 
-/// Connection-level limits.
+/// Connection-level limits, and TLS when the listener serves it.
 #[derive(Debug, Clone)]
 pub struct ConnSettings {
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     pub max_header_bytes: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
@@ -92,15 +98,20 @@ pub async fn serve<H: Handler>(
             let handler = handler.clone();
             async move { Ok::<_, Infallible>(handler.call(req, peer).await) }
         });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        let idle = settings.idle_timeout;
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = settings.tls.clone();
+        let handshake_timeout = settings.header_read_timeout;
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, idle_ms = idle.as_millis() as u64, "connection closed with error");
+            let Some(tls) = tls else {
+                return serve_connection(&builder, stream, service, watcher, peer).await;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(&builder, stream, service, watcher, peer).await,
+                Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
@@ -112,6 +123,27 @@ pub async fn serve<H: Handler>(
         () = tokio::time::sleep(settings.drain_timeout) => {
             tracing::warn!(listener = name, drain_timeout_ms = settings.drain_timeout.as_millis() as u64, "drain timed out; closing remaining connections");
         }
+    }
+}
+
+/// Serves one accepted (and, with TLS, handshaken) connection to its end.
+async fn serve_connection<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    watcher: Watcher,
+    peer: SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, %peer, "connection closed with error");
     }
 }
 

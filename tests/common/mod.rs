@@ -55,6 +55,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Backend {
     child: Child,
     addr: SocketAddr,
+    scheme: &'static str,
 }
 
 impl Backend {
@@ -66,10 +67,23 @@ impl Backend {
     /// Starts the backend on a given address, e.g. the port of a backend
     /// that was stopped, to bring "the same" backend back.
     pub fn start_at(listen: impl ToString) -> Backend {
+        Self::spawn(listen.to_string(), None)
+    }
+
+    /// Starts the backend serving HTTPS with the PEM certificate and key.
+    pub fn start_tls(cert_file: &Path, key_file: &Path) -> Backend {
+        Self::spawn("127.0.0.1:0".into(), Some((cert_file, key_file)))
+    }
+
+    fn spawn(listen: String, tls: Option<(&Path, &Path)>) -> Backend {
         let path = example_path("legacy_backend");
-        let mut child = Command::new(&path)
+        let mut cmd = Command::new(&path);
+        if let Some((cert, key)) = tls {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
+        let mut child = cmd
             .arg("--listen")
-            .arg(listen.to_string())
+            .arg(listen)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -105,19 +119,25 @@ impl Backend {
                 );
             }
         };
-        Backend { child, addr }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        Backend {
+            child,
+            addr,
+            scheme,
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`, no trailing slash.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS), no trailing slash.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
-    /// `http://127.0.0.1:PORT{path}`.
+    /// `http://127.0.0.1:PORT{path}`: always plain, for the control API of
+    /// a plain backend; a TLS backend is reached through lockstep.
     pub fn url_for(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

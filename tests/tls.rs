@@ -1,0 +1,496 @@
+//! TLS end to end: clients trusting a test CA talk HTTPS (HTTP/1.1 and
+//! HTTP/2 by ALPN) to both listeners, lockstep talks HTTPS to a TLS backend
+//! verified against `upstream.ca_file`, an untrusted backend is a 502 that
+//! never reaches it, and certificates rotate under a running lockstep
+//! (SIGHUP or a file change) without dropping open connections.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{check_config_text, raw_http1, Backend, Lockstep};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::RootCertStore;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// A throwaway certificate authority and the files it issues.
+struct Pki {
+    dir: TempDir,
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "lockstep test CA");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let pki = Pki {
+            dir: tempfile::tempdir().unwrap(),
+            ca,
+        };
+        std::fs::write(pki.ca_file(), pki.ca.pem()).unwrap();
+        pki
+    }
+
+    fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    fn roots(&self) -> RootCertStore {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca.der().clone()).unwrap();
+        roots
+    }
+
+    /// A leaf for 127.0.0.1 and localhost, written as `{name}.crt` and
+    /// `{name}.key`; returns (cert file, key file, certificate DER).
+    fn issue(&self, name: &str) -> (PathBuf, PathBuf, CertificateDer<'static>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let (cert_file, key_file) = self.paths(name);
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        (cert_file, key_file, cert.der().clone())
+    }
+
+    fn paths(&self, name: &str) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join(format!("{name}.crt")),
+            self.dir.path().join(format!("{name}.key")),
+        )
+    }
+}
+
+fn toml_path(p: &Path) -> String {
+    format!("{:?}", p.display().to_string())
+}
+
+/// Opens a TLS connection offering `alpn`, trusting only `roots`.
+async fn connect(addr: SocketAddr, roots: RootCertStore, alpn: &[&[u8]]) -> TlsStream<TcpStream> {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+fn peer_leaf(stream: &TlsStream<TcpStream>) -> CertificateDer<'static> {
+    stream.get_ref().1.peer_certificates().unwrap()[0].clone()
+}
+
+/// An HTTP/1.1 connection over TLS that stays open between requests.
+struct Conn {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    leaf: CertificateDer<'static>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr, roots: RootCertStore) -> Conn {
+        let stream = connect(addr, roots, &[b"http/1.1"]).await;
+        let leaf = peer_leaf(&stream);
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Conn { send, leaf }
+    }
+
+    async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, http::HeaderMap, Value) {
+        let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .unwrap();
+        self.send.ready().await.unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), self.send.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (parts.status, parts.headers, json)
+    }
+}
+
+async fn h2_get(
+    addr: SocketAddr,
+    roots: RootCertStore,
+    path: &str,
+) -> (StatusCode, http::HeaderMap, Value) {
+    let stream = connect(addr, roots, &[b"h2", b"http/1.1"]).await;
+    assert_eq!(
+        stream.get_ref().1.alpn_protocol(),
+        Some(&b"h2"[..]),
+        "lockstep should pick h2 when the client offers it"
+    );
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri(format!("https://127.0.0.1{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn etag(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get("etag").and_then(|v| v.to_str().ok())
+}
+
+#[tokio::test]
+async fn https_clients_reach_an_https_backend_through_both_tls_listeners() {
+    let pki = Pki::new();
+    let (backend_cert, backend_key, _) = pki.issue("backend");
+    let (cert, key, lockstep_leaf) = pki.issue("lockstep");
+    let (admin_cert, admin_key, admin_leaf) = pki.issue("lockstep-admin");
+    let backend = Backend::start_tls(&backend_cert, &backend_key);
+    assert!(backend.url().starts_with("https://"));
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml(&format!(
+            "cert_file = {}\nkey_file = {}\nadmin_cert_file = {}\nadmin_key_file = {}",
+            toml_path(&cert),
+            toml_path(&key),
+            toml_path(&admin_cert),
+            toml_path(&admin_key)
+        ))
+        .upstream_toml(&format!("ca_file = {}", toml_path(&pki.ca_file())))
+        .start();
+
+    // HTTP/1.1 over TLS: a versioned write and read, end to end.
+    let mut conn = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
+    assert_eq!(conn.leaf, lockstep_leaf);
+    let (status, headers, body) = conn
+        .request("PUT", "/articles/7", Some(json!({"title": "over tls"})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(etag(&headers), Some("\"2\""));
+    let (status, headers, body) = conn.request("GET", "/articles/7", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(etag(&headers), Some("\"2\""));
+    assert_eq!(body["title"], "over tls");
+    assert_eq!(body["version"], 2);
+
+    // The backend saw the request as forwarded from an HTTPS client.
+    let (status, _, echo) = conn.request("GET", "/echo/tls", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(echo["headers"]["x-forwarded-proto"][0], "https", "{echo}");
+
+    // HTTP/2 negotiated by ALPN on the same listener.
+    let (status, headers, body) = h2_get(lockstep.proxy_addr(), pki.roots(), "/articles/7").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(etag(&headers), Some("\"2\""));
+    assert_eq!(body["version"], 2);
+
+    // The admin listener has its own certificate.
+    let mut admin = Conn::open(lockstep.admin_addr(), pki.roots()).await;
+    assert_eq!(admin.leaf, admin_leaf);
+    let (status, _, _) = admin.request("GET", "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Plain HTTP on a TLS port gets no HTTP answer.
+    let reply = raw_http1(
+        lockstep.proxy_addr(),
+        "GET /articles/7 HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
+    assert!(
+        !reply.starts_with("HTTP/"),
+        "plain HTTP was answered: {reply:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_untrusted_backend_certificate_is_a_502_and_the_write_never_reaches_it() {
+    let pki = Pki::new();
+    let (backend_cert, backend_key, _) = pki.issue("backend");
+    let backend = Backend::start_tls(&backend_cert, &backend_key);
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::sqlite_url(dir.path());
+
+    // Trusts the system and webpki roots only, which do not know the test CA.
+    let untrusting = Lockstep::builder()
+        .upstream(backend.url())
+        .database(&db)
+        .start();
+    let client = common::Client::new();
+    let resp = client
+        .put(
+            untrusting.proxy_url_for("/articles/9"),
+            json!({"title": "lost?"}),
+        )
+        .send()
+        .await;
+    assert_eq!(resp.status, StatusCode::BAD_GATEWAY, "{}", resp.text());
+    assert_eq!(
+        resp.content_type().as_deref(),
+        Some("application/problem+json")
+    );
+    let problem = resp.json();
+    assert!(
+        problem["type"].as_str().unwrap().ends_with("bad-gateway"),
+        "{problem}"
+    );
+    assert!(
+        problem["detail"].as_str().unwrap().contains("certificate"),
+        "the detail should say why: {problem}"
+    );
+
+    // A lockstep trusting the CA, on the same database, sees no such item
+    // and the version untouched: the refused handshake sent nothing.
+    let trusting = Lockstep::builder()
+        .upstream(backend.url())
+        .database(&db)
+        .upstream_toml(&format!("ca_file = {}", toml_path(&pki.ca_file())))
+        .start();
+    let resp = client
+        .get(trusting.proxy_url_for("/articles/9"))
+        .send()
+        .await;
+    assert_eq!(resp.status, StatusCode::NOT_FOUND, "{}", resp.text());
+    let resp = client
+        .put(
+            trusting.proxy_url_for("/articles/9"),
+            json!({"title": "now"}),
+        )
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert_eq!(resp.etag_version(), Some(2));
+}
+
+fn kill_hup(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn sighup_rotates_the_certificate_and_open_connections_keep_working() {
+    let pki = Pki::new();
+    let (cert, key, first) = pki.issue("served");
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml(&format!(
+            "cert_file = {}\nkey_file = {}\ntls_reload_interval_ms = 3600000",
+            toml_path(&cert),
+            toml_path(&key)
+        ))
+        .start();
+    let mut old = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
+    assert_eq!(old.leaf, first);
+    let (status, _, _) = old.request("GET", "/echo/before", None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Issue a new pair over the same files, then signal.
+    let (_, _, second) = pki.issue("served");
+    assert_ne!(first, second);
+    // Without the signal (the poll interval is an hour) nothing changes.
+    let still = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
+    assert_eq!(still.leaf, first);
+    kill_hup(lockstep.pid());
+    lockstep
+        .wait_for_log(Duration::from_secs(10), |l| {
+            l["fields"]["message"].as_str()
+                == Some("TLS certificate reloaded; new connections get it")
+        })
+        .await;
+
+    let new = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
+    assert_eq!(
+        new.leaf, second,
+        "a new connection should get the new certificate"
+    );
+    // The connection opened before the rotation still serves requests.
+    let (status, _, echo) = old.request("GET", "/echo/after", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(echo["path"], "/echo/after");
+}
+
+#[tokio::test]
+async fn changed_files_are_picked_up_and_a_broken_pair_keeps_the_old_certificate() {
+    let pki = Pki::new();
+    let (cert, key, first) = pki.issue("served");
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml(&format!(
+            "cert_file = {}\nkey_file = {}\ntls_reload_interval_ms = 100",
+            toml_path(&cert),
+            toml_path(&key)
+        ))
+        .start();
+    let roots = pki.roots();
+
+    let (_, _, second) = pki.issue("served");
+    common::eventually(
+        Duration::from_secs(10),
+        "the rotated certificate is served",
+        || {
+            let roots = roots.clone();
+            let second = second.clone();
+            let addr = lockstep.proxy_addr();
+            async move { (Conn::open(addr, roots).await.leaf == second).then_some(()) }
+        },
+    )
+    .await;
+    assert_ne!(first, second);
+
+    // A half-done rotation: the key no longer matches the certificate.
+    let (_, other_key, _) = pki.issue("other");
+    std::fs::copy(&other_key, &key).unwrap();
+    lockstep
+        .wait_for_log(Duration::from_secs(10), |l| {
+            l["fields"]["message"].as_str()
+                == Some("TLS certificate reload failed; still serving the previous one")
+                && l["fields"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("does not match"))
+        })
+        .await;
+    let conn = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
+    assert_eq!(
+        conn.leaf, second,
+        "the last good certificate stays in service"
+    );
+}
+
+#[tokio::test]
+async fn sighup_without_tls_does_not_stop_lockstep() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    kill_hup(lockstep.pid());
+    lockstep
+        .wait_for_log(Duration::from_secs(10), |l| {
+            l["fields"]["message"].as_str() == Some("SIGHUP: no TLS certificate to reload")
+        })
+        .await;
+    let resp = common::Client::new()
+        .get(lockstep.proxy_url_for("/echo/alive"))
+        .send()
+        .await;
+    assert_eq!(resp.status, StatusCode::OK);
+}
+
+#[test]
+fn check_config_refuses_incomplete_unreadable_and_mismatched_certificates() {
+    let pki = Pki::new();
+    let (cert, key, _) = pki.issue("a");
+    let (_, other_key, _) = pki.issue("b");
+    let missing = pki.dir.path().join("missing.crt");
+    let cases = [
+        (
+            format!("[server]\ncert_file = {}\n", toml_path(&cert)),
+            "server.cert_file and server.key_file go together",
+        ),
+        (
+            format!("[server]\nadmin_key_file = {}\n", toml_path(&key)),
+            "server.admin_cert_file and server.admin_key_file go together",
+        ),
+        (
+            format!(
+                "[server]\ncert_file = {}\nkey_file = {}\n",
+                toml_path(&missing),
+                toml_path(&key)
+            ),
+            "cannot read",
+        ),
+        (
+            format!(
+                "[server]\ncert_file = {}\nkey_file = {}\n",
+                toml_path(&cert),
+                toml_path(&other_key)
+            ),
+            "does not match",
+        ),
+        (
+            format!(
+                "[server]\ncert_file = {}\nkey_file = {}\n",
+                toml_path(&key),
+                toml_path(&key)
+            ),
+            "no CERTIFICATE",
+        ),
+        (
+            format!(
+                "[upstream]\nurl = \"https://127.0.0.1:1\"\nca_file = {}\n",
+                toml_path(&missing)
+            ),
+            "upstream.ca_file",
+        ),
+    ];
+    for (text, expected) in cases {
+        let (out, _dir) = check_config_text(&text);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{text}\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{text}\nexpected {expected:?} in:\n{stderr}"
+        );
+    }
+    let (out, _dir) = check_config_text(&format!(
+        "[server]\ncert_file = {}\nkey_file = {}\n[upstream]\nurl = \"https://127.0.0.1:1\"\nca_file = {}\n",
+        toml_path(&cert),
+        toml_path(&key),
+        toml_path(&pki.ca_file())
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
