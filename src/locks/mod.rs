@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
+use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
 use crate::problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
@@ -49,6 +50,7 @@ pub struct Settings {
 pub struct Locks {
     store: Arc<dyn Store>,
     settings: Arc<Settings>,
+    metrics: LockMetrics,
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,10 +60,11 @@ struct LockBody {
 }
 
 impl Locks {
-    pub fn new(store: Arc<dyn Store>, settings: Settings) -> Self {
+    pub fn new(store: Arc<dyn Store>, settings: Settings, metrics: LockMetrics) -> Self {
         Self {
             store,
             settings: Arc::new(settings),
+            metrics,
         }
     }
 
@@ -108,6 +111,11 @@ impl Locks {
             match self.store.acquire(resource, &owner, ttl).await? {
                 Acquire::Granted { lock, kind } => {
                     let waited_ms = started.elapsed().as_millis() as u64;
+                    self.metrics.acquired(match &kind {
+                        GrantKind::New => Grant::New,
+                        GrantKind::Refreshed => Grant::Refreshed,
+                        GrantKind::Reclaimed { .. } => Grant::Reclaimed,
+                    });
                     match &kind {
                         GrantKind::Reclaimed {
                             previous_owner,
@@ -143,6 +151,7 @@ impl Locks {
                         u64::try_from(holder.expires_at_ms - holder.now_ms).unwrap_or(0),
                     );
                     if now >= deadline {
+                        self.metrics.conflict(LockOp::Acquire);
                         tracing::info!(
                             target: "lockstep::locks",
                             event = "conflict",
@@ -189,6 +198,7 @@ impl Locks {
         match self.store.release(resource, &owner).await? {
             LockChange::Done(lock) => {
                 let held_ms = lock.now_ms - lock.acquired_at_ms;
+                self.metrics.released(held_ms);
                 let ttl_ms = (lock.expires_at_ms - lock.acquired_at_ms).max(1);
                 let fraction = held_ms as f64 / ttl_ms as f64;
                 if fraction > self.settings.warn_held_fraction {
@@ -218,6 +228,7 @@ impl Locks {
             ))),
             LockChange::Missing { expired } => {
                 if let Some(lock) = expired.filter(|l| l.owner == owner) {
+                    self.metrics.expired(Expiry::ReleasedLate);
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "release-expired",
@@ -242,6 +253,7 @@ impl Locks {
         let ttl = self.ttl_of(&body)?;
         match self.store.renew(resource, &owner, ttl).await? {
             LockChange::Done(lock) => {
+                self.metrics.renewed();
                 tracing::info!(
                     target: "lockstep::locks",
                     event = "renew",
@@ -251,11 +263,15 @@ impl Locks {
                 );
                 Ok(lock_response(StatusCode::OK, &lock, None))
             }
-            LockChange::OtherOwner(lock) => Err(Error::LockHeld(Box::new(held(&lock)))),
+            LockChange::OtherOwner(lock) => {
+                self.metrics.conflict(LockOp::Renew);
+                Err(Error::LockHeld(Box::new(held(&lock))))
+            }
             LockChange::Missing {
                 expired: Some(lock),
             } => {
                 if lock.owner == owner {
+                    self.metrics.expired(Expiry::RenewedLate);
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "renew-expired",
@@ -316,7 +332,12 @@ impl Locks {
 }
 
 /// Removes long-expired rows every `sweep_interval` until `shutdown`.
-pub async fn sweeper(store: Arc<dyn Store>, settings: Settings, shutdown: CancellationToken) {
+pub async fn sweeper(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: LockMetrics,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(settings.sweep_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -327,6 +348,7 @@ pub async fn sweeper(store: Arc<dyn Store>, settings: Settings, shutdown: Cancel
         match store.sweep(settings.retention, 1000).await {
             Ok(0) => {}
             Ok(n) => {
+                metrics.swept(n);
                 tracing::info!(target: "lockstep::locks", removed = n, "swept expired lock rows")
             }
             Err(e) => tracing::warn!(error = %e, "lock sweep failed"),

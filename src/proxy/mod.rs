@@ -10,7 +10,7 @@
 pub mod headers;
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::Body;
 use crate::error::Error;
+use crate::metrics::{UpstreamError, UpstreamMetrics};
 
 /// Settings of the upstream client.
 #[derive(Debug, Clone)]
@@ -39,6 +40,7 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     request_timeout: Duration,
+    metrics: UpstreamMetrics,
 }
 
 /// Why forwarding failed.
@@ -78,7 +80,7 @@ pub struct Inbound<'a> {
 }
 
 impl Upstream {
-    pub fn new(settings: &UpstreamSettings) -> Self {
+    pub fn new(settings: &UpstreamSettings, metrics: UpstreamMetrics) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
@@ -100,6 +102,7 @@ impl Upstream {
             scheme,
             authority,
             request_timeout: settings.request_timeout,
+            metrics,
         }
     }
 
@@ -145,7 +148,9 @@ impl Upstream {
     /// Sends a prepared request and waits for the response head, at most the
     /// request timeout.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, ForwardError> {
-        match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
+        let started = Instant::now();
+        let response = tokio::time::timeout(self.request_timeout, self.client.request(req));
+        let result = match response.await {
             Err(_) => Err(ForwardError::Timeout),
             Ok(Ok(mut resp)) => {
                 headers::strip_hop_by_hop(resp.headers_mut());
@@ -153,7 +158,14 @@ impl Upstream {
             }
             Ok(Err(e)) if e.is_connect() => Err(ForwardError::NotSent(crate::error::chain(&e))),
             Ok(Err(e)) => Err(ForwardError::Failed(crate::error::chain(&e))),
+        };
+        match &result {
+            Ok(_) => self.metrics.responded(started.elapsed()),
+            Err(ForwardError::NotSent(_)) => self.metrics.failed(UpstreamError::Connect),
+            Err(ForwardError::Timeout) => self.metrics.failed(UpstreamError::Timeout),
+            Err(ForwardError::Failed(_)) => self.metrics.failed(UpstreamError::Reset),
         }
+        result
     }
 }
 
