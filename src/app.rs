@@ -79,6 +79,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
 
     // Each proxy worker gets its own router with its own upstream client, so
     // a request, its upstream connection and their tasks stay on one thread.
+    let access_log = c.log.access_log;
     let make_proxy_router = {
         let store = store.clone();
         let locks = locks.clone();
@@ -99,6 +100,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
                 lock_prefix: lock_prefix.clone(),
                 proto: "http",
                 metrics: metrics.http.clone(),
+                access_log,
             }
         }
     };

@@ -4,7 +4,8 @@
 //! Every decision (who holds, until when, which token) is one statement in
 //! the database with the database's clock; this module only validates input,
 //! waits when asked to, shapes responses and writes the log lines that prove
-//! who held what.
+//! who held what (target `lockstep::locks`), plus one access line per call
+//! (target `lockstep::request`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
 use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
-use crate::problem;
+use crate::problem::Problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
 use crate::timefmt::rfc3339_ms;
@@ -73,25 +74,43 @@ impl Locks {
     pub async fn handle(&self, req: Request<Incoming>, raw_resource: &str) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
-        let result = match parse_resource(raw_resource) {
-            Err(e) => Err(e),
-            Ok(resource) => match method {
-                Method::POST => self.acquire(req, &resource, started).await,
-                Method::GET | Method::HEAD => self.get(&resource).await,
-                Method::DELETE => self.release(req, &resource).await,
-                Method::PATCH => self.renew(req, &resource).await,
-                _ => Err(Error::MethodNotAllowed("GET, HEAD, POST, PATCH, DELETE")),
-            },
+        let uri = req.uri().clone();
+        let (resource, result) = match parse_resource(raw_resource) {
+            Err(e) => (None, Err(e)),
+            Ok(resource) => {
+                let result = match method {
+                    Method::POST => self.acquire(req, &resource, started).await,
+                    Method::GET | Method::HEAD => self.get(&resource).await,
+                    Method::DELETE => self.release(req, &resource).await,
+                    Method::PATCH => self.renew(req, &resource).await,
+                    _ => Err(Error::MethodNotAllowed("GET, HEAD, POST, PATCH, DELETE")),
+                };
+                (Some(resource), result)
+            }
         };
-        match result {
-            Ok(resp) => resp,
+        let (response, outcome) = match result {
+            Ok(resp) => (resp, success_outcome(&method)),
             Err(e) => {
                 if let Error::Unavailable(source) = &e {
                     tracing::error!(error = %crate::error::chain(source), "lock store unavailable");
                 }
-                problem::response(&e)
+                let problem = Problem::from(&e);
+                let outcome = problem.kind;
+                (problem.into_response(), outcome)
             }
-        }
+        };
+        tracing::info!(
+            target: "lockstep::request",
+            kind = "locks",
+            method = %method,
+            path = uri.path(),
+            resource = resource.as_deref(),
+            status = response.status().as_u16(),
+            outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "lock request"
+        );
+        response
     }
 
     async fn acquire(
@@ -353,6 +372,16 @@ pub async fn sweeper(
             }
             Err(e) => tracing::warn!(error = %e, "lock sweep failed"),
         }
+    }
+}
+
+/// The access line's outcome of a lock call that succeeded.
+fn success_outcome(method: &Method) -> &'static str {
+    match *method {
+        Method::POST => "acquired",
+        Method::DELETE => "released",
+        Method::PATCH => "renewed",
+        _ => "found",
     }
 }
 

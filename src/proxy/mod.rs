@@ -172,11 +172,13 @@ impl Upstream {
 impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
     /// byte for byte, bodies streamed both ways, failures as 502/504.
+    /// Returns the response and, for the access log, `"proxied"` or the
+    /// problem type of the failure.
     pub async fn passthrough(
         &self,
         req: Request<Incoming>,
         inbound: Inbound<'_>,
-    ) -> Response<Body> {
+    ) -> (Response<Body>, &'static str) {
         let pq = req
             .uri()
             .path_and_query()
@@ -184,14 +186,20 @@ impl Upstream {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut fwd = req.map(crate::body::boxed);
         if let Err(e) = self.prepare(&mut fwd, pq, inbound) {
-            return crate::problem::response(&e);
+            return failure(&e);
         }
         match self.send(fwd).await {
-            Ok(resp) => resp.map(crate::body::boxed),
+            Ok(resp) => (resp.map(crate::body::boxed), "proxied"),
             Err(e) => {
                 tracing::warn!(error = ?e, "passthrough request failed");
-                crate::problem::response(&e.to_error(self.request_timeout))
+                failure(&e.to_error(self.request_timeout))
             }
         }
     }
+}
+
+fn failure(e: &Error) -> (Response<Body>, &'static str) {
+    let problem = crate::problem::Problem::from(e);
+    let kind = problem.kind;
+    (problem.into_response(), kind)
 }

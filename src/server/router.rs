@@ -3,7 +3,8 @@
 //! straight through. The admin listener: health, readiness, metrics, locks.
 //!
 //! The routers count every request by the kind of route that answered it,
-//! since this is where that is decided.
+//! since this is where that is decided, and write the access line of the
+//! requests no wing logs (passthrough, refused paths).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,13 +36,15 @@ pub struct ProxyRouter {
     pub lock_prefix: Option<Arc<str>>,
     pub proto: &'static str,
     pub metrics: HttpMetrics,
+    /// Whether passthrough requests get an access line (`log.access_log`).
+    pub access_log: bool,
 }
 
 impl Handler for ProxyRouter {
     async fn call(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
-        let (kind, resp) = self.route(req, peer).await;
+        let (kind, resp) = self.route(req, peer, started).await;
         self.metrics
             .record(kind, &method, resp.status(), started.elapsed());
         resp
@@ -53,6 +56,7 @@ impl ProxyRouter {
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
+        started: Instant,
     ) -> (RequestKind, Response<Body>) {
         if let Some(prefix) = &self.lock_prefix {
             if let Some(rest) = req.uri().path().strip_prefix(prefix.as_ref()) {
@@ -68,17 +72,12 @@ impl ProxyRouter {
         };
         let route = match self.resources.classify(req.uri().path()) {
             Ok(route) => route,
-            Err(e) => {
-                return (
-                    refused_kind(req.method()),
-                    problem::response(&Error::InvalidPath(e)),
-                )
-            }
+            Err(e) => return refused_path(&req, e, started),
         };
         if route == Route::Unversioned {
             return (
                 RequestKind::Passthrough,
-                self.upstream.passthrough(req, inbound).await,
+                self.passthrough(req, inbound, started).await,
             );
         }
         match self.versioning.handle(req, &route, inbound).await {
@@ -86,20 +85,64 @@ impl ProxyRouter {
             // A method the route does not version (OPTIONS, POST on an item…).
             Err(req) => (
                 RequestKind::Passthrough,
-                self.upstream.passthrough(req, inbound).await,
+                self.passthrough(req, inbound, started).await,
             ),
         }
     }
+
+    async fn passthrough(
+        &self,
+        req: Request<Incoming>,
+        inbound: Inbound<'_>,
+        started: Instant,
+    ) -> Response<Body> {
+        if !self.access_log {
+            return self.upstream.passthrough(req, inbound).await.0;
+        }
+        // Both clones share the request's buffers: no allocation.
+        let method = req.method().clone();
+        let uri = req.uri().clone();
+        let (resp, outcome) = self.upstream.passthrough(req, inbound).await;
+        tracing::info!(
+            target: "lockstep::request",
+            kind = "passthrough",
+            method = %method,
+            path = uri.path(),
+            status = resp.status().as_u16(),
+            outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "passthrough request"
+        );
+        resp
+    }
 }
 
-/// A path that matches a versioned pattern but cannot be given a key (400
-/// or 414) counts as the versioned request it was meant to be.
-fn refused_kind(method: &Method) -> RequestKind {
-    if method == Method::GET || method == Method::HEAD {
+/// A path that matches a versioned pattern but cannot be given a key: 400
+/// (or 414), counted and logged as the versioned request it was meant to be.
+fn refused_path(
+    req: &Request<Incoming>,
+    e: crate::resources::PathError,
+    started: Instant,
+) -> (RequestKind, Response<Body>) {
+    let kind = if req.method() == Method::GET || req.method() == Method::HEAD {
         RequestKind::VersionedRead
     } else {
         RequestKind::VersionedWrite
-    }
+    };
+    let problem = problem::Problem::from(&Error::InvalidPath(e));
+    let outcome = problem.kind;
+    let resp = problem.into_response();
+    tracing::info!(
+        target: "lockstep::request",
+        kind = kind.as_str(),
+        method = %req.method(),
+        path = req.uri().path(),
+        status = resp.status().as_u16(),
+        outcome,
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "versioned request"
+    );
+    (kind, resp)
 }
 
 /// The admin listener's router.

@@ -143,8 +143,10 @@ impl Versioning {
                 (problem::response(&err), outcome)
             }
         };
+        // The access line of a versioned request: exactly one per request.
         tracing::info!(
             target: "lockstep::request",
+            kind = kind.as_str(),
             method = %method,
             path = %raw_path,
             key = %key,
