@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Validated;
 use crate::locks::{self, Locks};
+use crate::metrics::Metrics;
 use crate::proxy::{Upstream, UpstreamSettings};
 use crate::server::router::{AdminRouter, ProxyRouter};
 use crate::server::{self, ConnSettings};
@@ -36,6 +37,8 @@ pub enum RunError {
 pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let c = &cfg.config;
     let ms = std::time::Duration::from_millis;
+    // One set of metrics; each service gets its own group of it.
+    let metrics = Arc::new(Metrics::new());
 
     let store = store::connect(
         &c.database.url,
@@ -43,6 +46,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             max_connections: c.database.max_connections,
             acquire_timeout: ms(c.database.acquire_timeout_ms),
         },
+        metrics.db.clone(),
     )
     .await
     .map_err(|e| RunError::Database(crate::error::chain(&e)))?;
@@ -73,7 +77,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         sweep_interval: ms(c.locks.sweep_interval_ms),
         retention: ms(c.locks.retention_ms),
     };
-    let locks = Locks::new(store.clone(), lock_settings.clone());
+    let locks = Locks::new(store.clone(), lock_settings.clone(), metrics.locks.clone());
     let lock_prefix: Option<Arc<str>> =
         (!c.locks.proxy_prefix.is_empty()).then(|| Arc::from(c.locks.proxy_prefix.as_str()));
 
@@ -84,11 +88,13 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
 
     // Each proxy worker gets its own router with its own upstream client, so
     // a request, its upstream connection and their tasks stay on one thread.
+    let access_log = c.log.access_log;
     let make_proxy_router = {
         let store = store.clone();
         let locks = locks.clone();
+        let metrics = metrics.clone();
         move || {
-            let upstream = Upstream::new(&upstream_settings);
+            let upstream = Upstream::new(&upstream_settings, metrics.upstream.clone());
             ProxyRouter {
                 resources: resources.clone(),
                 versioning: Versioning::new(
@@ -96,11 +102,14 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
                     upstream.clone(),
                     resources.clone(),
                     versioning_settings.clone(),
+                    metrics.versions.clone(),
                 ),
                 upstream,
                 locks: locks.clone(),
                 lock_prefix: lock_prefix.clone(),
                 proto: if proxy_https { "https" } else { "http" },
+                metrics: metrics.http.clone(),
+                access_log,
             }
         }
     };
@@ -108,11 +117,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let admin_router = AdminRouter {
         store: store.clone(),
         locks,
-        metrics: Arc::new(move || {
-            format!(
-                "# HELP lockstep_up Whether lockstep is running.\n# TYPE lockstep_up gauge\nlockstep_up{{engine=\"{engine}\"}} 1\n"
-            )
-        }),
+        metrics: metrics.clone(),
     };
 
     let proxy_listener = std::net::TcpListener::bind(cfg.listen)
@@ -186,7 +191,12 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         ms(c.server.tls_reload_interval_ms),
         stop.clone(),
     ));
-    let sweeper = tokio::spawn(locks::sweeper(store.clone(), lock_settings, stop.clone()));
+    let sweeper = tokio::spawn(locks::sweeper(
+        store.clone(),
+        lock_settings,
+        metrics.locks.clone(),
+        stop.clone(),
+    ));
 
     tracing::info!(
         proxy = %proxy_addr,

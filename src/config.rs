@@ -185,6 +185,9 @@ pub enum LogFormat {
 pub struct LogConfig {
     pub format: LogFormat,
     pub level: String,
+    /// One INFO line per unversioned (passthrough) request; versioned and
+    /// lock requests are always logged.
+    pub access_log: bool,
 }
 
 impl Default for LogConfig {
@@ -192,6 +195,7 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Text,
             level: "info".into(),
+            access_log: true,
         }
     }
 }
@@ -615,6 +619,16 @@ mod tests {
     fn unknown_env_key_is_an_error() {
         let e = load("", &[("LOCKSTEP_SERVER__LISTN", "x")]).unwrap_err();
         assert!(e.to_string().contains("listn"), "{e}");
+    }
+
+    #[test]
+    fn access_log_is_on_unless_turned_off() {
+        assert!(load("", &[]).unwrap().config.log.access_log);
+        let off = load("[log]\naccess_log = false\n", &[]).unwrap();
+        assert!(!off.config.log.access_log);
+        let off = load("", &[("LOCKSTEP_LOG__ACCESS_LOG", "false")]).unwrap();
+        assert!(!off.config.log.access_log);
+        assert!(load("[log]\naccess_log = \"no\"\n", &[]).is_err());
     }
 
     #[test]

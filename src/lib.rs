@@ -14,14 +14,17 @@
 //!   other and meet only through the store.
 //! * [`proxy`] (forwarding to the backend), [`problem`] (errors as RFC 9457
 //!   responses), [`telemetry`] (tracing set-up).
-//! * [`config`], [`resources`], [`store`], [`error`], [`body`], [`timefmt`],
-//!   [`tls`] (certificates and trust roots) — the ground floor.
+//! * [`config`], [`resources`], [`store`], [`metrics`], [`error`], [`body`],
+//!   [`timefmt`], [`tls`] (certificates and trust roots) — the ground floor.
+//!   [`metrics`] imports nothing of lockstep's; the store records its
+//!   statement timings there.
 
 pub mod app;
 pub mod body;
 pub mod config;
 pub mod error;
 pub mod locks;
+pub mod metrics;
 pub mod problem;
 pub mod proxy;
 pub mod resources;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockstep::metrics::Metrics;
 use lockstep::store::{self, Acquire, GrantKind, Lease, LockChange, PoolSettings, Store};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -26,7 +27,9 @@ async fn sqlite() -> Db {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("store.db").display());
     Db {
-        store: store::connect(&url, &pool()).await.unwrap(),
+        store: store::connect(&url, &pool(), Metrics::new().db.clone())
+            .await
+            .unwrap(),
         _dir: Some(dir),
     }
 }
@@ -48,7 +51,9 @@ async fn postgres() -> Option<Db> {
     let base = admin.rsplit_once('/').unwrap().0;
     let url = format!("{base}/{name}");
     Some(Db {
-        store: store::connect(&url, &pool()).await.unwrap(),
+        store: store::connect(&url, &pool(), Metrics::new().db.clone())
+            .await
+            .unwrap(),
         _dir: None,
     })
 }

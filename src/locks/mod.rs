@@ -4,7 +4,8 @@
 //! Every decision (who holds, until when, which token) is one statement in
 //! the database with the database's clock; this module only validates input,
 //! waits when asked to, shapes responses and writes the log lines that prove
-//! who held what.
+//! who held what (target `lockstep::locks`), plus one access line per call
+//! (target `lockstep::request`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
-use crate::problem;
+use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
+use crate::problem::Problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
 use crate::timefmt::rfc3339_ms;
@@ -49,6 +51,7 @@ pub struct Settings {
 pub struct Locks {
     store: Arc<dyn Store>,
     settings: Arc<Settings>,
+    metrics: LockMetrics,
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,10 +61,11 @@ struct LockBody {
 }
 
 impl Locks {
-    pub fn new(store: Arc<dyn Store>, settings: Settings) -> Self {
+    pub fn new(store: Arc<dyn Store>, settings: Settings, metrics: LockMetrics) -> Self {
         Self {
             store,
             settings: Arc::new(settings),
+            metrics,
         }
     }
 
@@ -70,25 +74,43 @@ impl Locks {
     pub async fn handle(&self, req: Request<Incoming>, raw_resource: &str) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
-        let result = match parse_resource(raw_resource) {
-            Err(e) => Err(e),
-            Ok(resource) => match method {
-                Method::POST => self.acquire(req, &resource, started).await,
-                Method::GET | Method::HEAD => self.get(&resource).await,
-                Method::DELETE => self.release(req, &resource).await,
-                Method::PATCH => self.renew(req, &resource).await,
-                _ => Err(Error::MethodNotAllowed("GET, HEAD, POST, PATCH, DELETE")),
-            },
+        let uri = req.uri().clone();
+        let (resource, result) = match parse_resource(raw_resource) {
+            Err(e) => (None, Err(e)),
+            Ok(resource) => {
+                let result = match method {
+                    Method::POST => self.acquire(req, &resource, started).await,
+                    Method::GET | Method::HEAD => self.get(&resource).await,
+                    Method::DELETE => self.release(req, &resource).await,
+                    Method::PATCH => self.renew(req, &resource).await,
+                    _ => Err(Error::MethodNotAllowed("GET, HEAD, POST, PATCH, DELETE")),
+                };
+                (Some(resource), result)
+            }
         };
-        match result {
-            Ok(resp) => resp,
+        let (response, outcome) = match result {
+            Ok(resp) => (resp, success_outcome(&method)),
             Err(e) => {
                 if let Error::Unavailable(source) = &e {
                     tracing::error!(error = %crate::error::chain(source), "lock store unavailable");
                 }
-                problem::response(&e)
+                let problem = Problem::from(&e);
+                let outcome = problem.kind;
+                (problem.into_response(), outcome)
             }
-        }
+        };
+        tracing::info!(
+            target: "lockstep::request",
+            kind = "locks",
+            method = %method,
+            path = uri.path(),
+            resource = resource.as_deref(),
+            status = response.status().as_u16(),
+            outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "lock request"
+        );
+        response
     }
 
     async fn acquire(
@@ -108,6 +130,11 @@ impl Locks {
             match self.store.acquire(resource, &owner, ttl).await? {
                 Acquire::Granted { lock, kind } => {
                     let waited_ms = started.elapsed().as_millis() as u64;
+                    self.metrics.acquired(match &kind {
+                        GrantKind::New => Grant::New,
+                        GrantKind::Refreshed => Grant::Refreshed,
+                        GrantKind::Reclaimed { .. } => Grant::Reclaimed,
+                    });
                     match &kind {
                         GrantKind::Reclaimed {
                             previous_owner,
@@ -143,6 +170,7 @@ impl Locks {
                         u64::try_from(holder.expires_at_ms - holder.now_ms).unwrap_or(0),
                     );
                     if now >= deadline {
+                        self.metrics.conflict(LockOp::Acquire);
                         tracing::info!(
                             target: "lockstep::locks",
                             event = "conflict",
@@ -189,6 +217,7 @@ impl Locks {
         match self.store.release(resource, &owner).await? {
             LockChange::Done(lock) => {
                 let held_ms = lock.now_ms - lock.acquired_at_ms;
+                self.metrics.released(held_ms);
                 let ttl_ms = (lock.expires_at_ms - lock.acquired_at_ms).max(1);
                 let fraction = held_ms as f64 / ttl_ms as f64;
                 if fraction > self.settings.warn_held_fraction {
@@ -218,6 +247,7 @@ impl Locks {
             ))),
             LockChange::Missing { expired } => {
                 if let Some(lock) = expired.filter(|l| l.owner == owner) {
+                    self.metrics.expired(Expiry::ReleasedLate);
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "release-expired",
@@ -242,6 +272,7 @@ impl Locks {
         let ttl = self.ttl_of(&body)?;
         match self.store.renew(resource, &owner, ttl).await? {
             LockChange::Done(lock) => {
+                self.metrics.renewed();
                 tracing::info!(
                     target: "lockstep::locks",
                     event = "renew",
@@ -251,11 +282,15 @@ impl Locks {
                 );
                 Ok(lock_response(StatusCode::OK, &lock, None))
             }
-            LockChange::OtherOwner(lock) => Err(Error::LockHeld(Box::new(held(&lock)))),
+            LockChange::OtherOwner(lock) => {
+                self.metrics.conflict(LockOp::Renew);
+                Err(Error::LockHeld(Box::new(held(&lock))))
+            }
             LockChange::Missing {
                 expired: Some(lock),
             } => {
                 if lock.owner == owner {
+                    self.metrics.expired(Expiry::RenewedLate);
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "renew-expired",
@@ -316,7 +351,12 @@ impl Locks {
 }
 
 /// Removes long-expired rows every `sweep_interval` until `shutdown`.
-pub async fn sweeper(store: Arc<dyn Store>, settings: Settings, shutdown: CancellationToken) {
+pub async fn sweeper(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: LockMetrics,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(settings.sweep_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -327,10 +367,21 @@ pub async fn sweeper(store: Arc<dyn Store>, settings: Settings, shutdown: Cancel
         match store.sweep(settings.retention, 1000).await {
             Ok(0) => {}
             Ok(n) => {
+                metrics.swept(n);
                 tracing::info!(target: "lockstep::locks", removed = n, "swept expired lock rows")
             }
             Err(e) => tracing::warn!(error = %e, "lock sweep failed"),
         }
+    }
+}
+
+/// The access line's outcome of a lock call that succeeded.
+fn success_outcome(method: &Method) -> &'static str {
+    match *method {
+        Method::POST => "acquired",
+        Method::DELETE => "released",
+        Method::PATCH => "renewed",
+        _ => "found",
     }
 }
 

@@ -10,7 +10,7 @@
 pub mod headers;
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::Body;
 use crate::error::Error;
+use crate::metrics::{UpstreamError, UpstreamMetrics};
 
 /// Settings of the upstream client.
 #[derive(Debug, Clone)]
@@ -42,6 +43,7 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     request_timeout: Duration,
+    metrics: UpstreamMetrics,
 }
 
 /// Why forwarding failed.
@@ -81,7 +83,7 @@ pub struct Inbound<'a> {
 }
 
 impl Upstream {
-    pub fn new(settings: &UpstreamSettings) -> Self {
+    pub fn new(settings: &UpstreamSettings, metrics: UpstreamMetrics) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
@@ -113,6 +115,7 @@ impl Upstream {
             scheme,
             authority,
             request_timeout: settings.request_timeout,
+            metrics,
         }
     }
 
@@ -158,7 +161,9 @@ impl Upstream {
     /// Sends a prepared request and waits for the response head, at most the
     /// request timeout.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, ForwardError> {
-        match tokio::time::timeout(self.request_timeout, self.client.request(req)).await {
+        let started = Instant::now();
+        let response = tokio::time::timeout(self.request_timeout, self.client.request(req));
+        let result = match response.await {
             Err(_) => Err(ForwardError::Timeout),
             Ok(Ok(mut resp)) => {
                 headers::strip_hop_by_hop(resp.headers_mut());
@@ -166,18 +171,27 @@ impl Upstream {
             }
             Ok(Err(e)) if e.is_connect() => Err(ForwardError::NotSent(crate::error::chain(&e))),
             Ok(Err(e)) => Err(ForwardError::Failed(crate::error::chain(&e))),
+        };
+        match &result {
+            Ok(_) => self.metrics.responded(started.elapsed()),
+            Err(ForwardError::NotSent(_)) => self.metrics.failed(UpstreamError::Connect),
+            Err(ForwardError::Timeout) => self.metrics.failed(UpstreamError::Timeout),
+            Err(ForwardError::Failed(_)) => self.metrics.failed(UpstreamError::Reset),
         }
+        result
     }
 }
 
 impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
     /// byte for byte, bodies streamed both ways, failures as 502/504.
+    /// Returns the response and, for the access log, `"proxied"` or the
+    /// problem type of the failure.
     pub async fn passthrough(
         &self,
         req: Request<Incoming>,
         inbound: Inbound<'_>,
-    ) -> Response<Body> {
+    ) -> (Response<Body>, &'static str) {
         let pq = req
             .uri()
             .path_and_query()
@@ -185,14 +199,20 @@ impl Upstream {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut fwd = req.map(crate::body::boxed);
         if let Err(e) = self.prepare(&mut fwd, pq, inbound) {
-            return crate::problem::response(&e);
+            return failure(&e);
         }
         match self.send(fwd).await {
-            Ok(resp) => resp.map(crate::body::boxed),
+            Ok(resp) => (resp.map(crate::body::boxed), "proxied"),
             Err(e) => {
                 tracing::warn!(error = ?e, "passthrough request failed");
-                crate::problem::response(&e.to_error(self.request_timeout))
+                failure(&e.to_error(self.request_timeout))
             }
         }
     }
+}
+
+fn failure(e: &Error) -> (Response<Body>, &'static str) {
+    let problem = crate::problem::Problem::from(e);
+    let kind = problem.kind;
+    (problem.into_response(), kind)
 }

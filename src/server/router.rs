@@ -1,10 +1,14 @@
 //! Sends each request to a wing. The proxy listener: the lock API under its
 //! optional prefix, versioned routes to the versioning wing, everything else
 //! straight through. The admin listener: health, readiness, metrics, locks.
+//!
+//! The routers count every request by the kind of route that answered it,
+//! since this is where that is decided, and write the access line of the
+//! requests no wing logs (passthrough, refused paths).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -14,6 +18,7 @@ use super::Handler;
 use crate::body::{self, Body};
 use crate::error::Error;
 use crate::locks::Locks;
+use crate::metrics::{self, HttpMetrics, Metrics, RequestKind};
 use crate::problem;
 use crate::proxy::{Inbound, Upstream};
 use crate::resources::{ResourceMap, Route};
@@ -30,15 +35,34 @@ pub struct ProxyRouter {
     /// `Some("/_lockstep")` mounts `/_lockstep/locks/{r}` on this listener.
     pub lock_prefix: Option<Arc<str>>,
     pub proto: &'static str,
+    pub metrics: HttpMetrics,
+    /// Whether passthrough requests get an access line (`log.access_log`).
+    pub access_log: bool,
 }
 
 impl Handler for ProxyRouter {
     async fn call(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let (kind, resp) = self.route(req, peer, started).await;
+        self.metrics
+            .record(kind, &method, resp.status(), started.elapsed());
+        resp
+    }
+}
+
+impl ProxyRouter {
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> (RequestKind, Response<Body>) {
         if let Some(prefix) = &self.lock_prefix {
             if let Some(rest) = req.uri().path().strip_prefix(prefix.as_ref()) {
                 if let Some(resource) = rest.strip_prefix("/locks/") {
                     let resource = resource.to_string();
-                    return self.locks.handle(req, &resource).await;
+                    return (RequestKind::Locks, self.locks.handle(req, &resource).await);
                 }
             }
         }
@@ -48,17 +72,77 @@ impl Handler for ProxyRouter {
         };
         let route = match self.resources.classify(req.uri().path()) {
             Ok(route) => route,
-            Err(e) => return problem::response(&Error::InvalidPath(e)),
+            Err(e) => return refused_path(&req, e, started),
         };
         if route == Route::Unversioned {
-            return self.upstream.passthrough(req, inbound).await;
+            return (
+                RequestKind::Passthrough,
+                self.passthrough(req, inbound, started).await,
+            );
         }
         match self.versioning.handle(req, &route, inbound).await {
-            Ok(resp) => resp,
+            Ok(answered) => answered,
             // A method the route does not version (OPTIONS, POST on an item…).
-            Err(req) => self.upstream.passthrough(req, inbound).await,
+            Err(req) => (
+                RequestKind::Passthrough,
+                self.passthrough(req, inbound, started).await,
+            ),
         }
     }
+
+    async fn passthrough(
+        &self,
+        req: Request<Incoming>,
+        inbound: Inbound<'_>,
+        started: Instant,
+    ) -> Response<Body> {
+        if !self.access_log {
+            return self.upstream.passthrough(req, inbound).await.0;
+        }
+        // Both clones share the request's buffers: no allocation.
+        let method = req.method().clone();
+        let uri = req.uri().clone();
+        let (resp, outcome) = self.upstream.passthrough(req, inbound).await;
+        tracing::info!(
+            target: "lockstep::request",
+            kind = "passthrough",
+            method = %method,
+            path = uri.path(),
+            status = resp.status().as_u16(),
+            outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "passthrough request"
+        );
+        resp
+    }
+}
+
+/// A path that matches a versioned pattern but cannot be given a key: 400
+/// (or 414), counted and logged as the versioned request it was meant to be.
+fn refused_path(
+    req: &Request<Incoming>,
+    e: crate::resources::PathError,
+    started: Instant,
+) -> (RequestKind, Response<Body>) {
+    let kind = if req.method() == Method::GET || req.method() == Method::HEAD {
+        RequestKind::VersionedRead
+    } else {
+        RequestKind::VersionedWrite
+    };
+    let problem = problem::Problem::from(&Error::InvalidPath(e));
+    let outcome = problem.kind;
+    let resp = problem.into_response();
+    tracing::info!(
+        target: "lockstep::request",
+        kind = kind.as_str(),
+        method = %req.method(),
+        path = req.uri().path(),
+        status = resp.status().as_u16(),
+        outcome,
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "versioned request"
+    );
+    (kind, resp)
 }
 
 /// The admin listener's router.
@@ -66,17 +150,42 @@ impl Handler for ProxyRouter {
 pub struct AdminRouter {
     pub store: Arc<dyn Store>,
     pub locks: Locks,
-    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Handler for AdminRouter {
     async fn call(&self, req: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let (kind, resp) = self.route(req).await;
+        // A scrape is counted after it is rendered: it shows the ones before.
+        self.metrics
+            .http
+            .record(kind, &method, resp.status(), started.elapsed());
+        resp
+    }
+}
+
+impl AdminRouter {
+    async fn route(&self, req: Request<Incoming>) -> (RequestKind, Response<Body>) {
         let path = req.uri().path().to_string();
         if let Some(resource) = path.strip_prefix("/locks/") {
-            return self.locks.handle(req, resource).await;
+            return (RequestKind::Locks, self.locks.handle(req, resource).await);
         }
         let read_only = req.method() == Method::GET || req.method() == Method::HEAD;
-        match path.as_str() {
+        let format = metrics::Format::negotiate(
+            req.headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+        );
+        (
+            RequestKind::Admin,
+            self.admin(&path, read_only, format).await,
+        )
+    }
+
+    async fn admin(&self, path: &str, read_only: bool, format: metrics::Format) -> Response<Body> {
+        match path {
             "/healthz" if read_only => text(StatusCode::OK, "ok\n"),
             "/readyz" if read_only => {
                 match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
@@ -89,10 +198,11 @@ impl Handler for AdminRouter {
                 }
             }
             "/metrics" if read_only => {
-                let mut resp = text(StatusCode::OK, &(self.metrics)());
+                let mut resp =
+                    Response::new(body::full(self.metrics.render(format, &self.store.pools())));
                 resp.headers_mut().insert(
                     header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                    HeaderValue::from_static(format.content_type()),
                 );
                 resp
             }

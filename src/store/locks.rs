@@ -21,17 +21,17 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::batch::{query, Arg as A};
-use super::sql::{Dialect, SqlStore};
+use super::sql::{Dialect, SqlStore, Stmt};
 use super::wake::Topic;
 use super::{Acquire, GrantKind, LockChange, LockRecord, LockStore};
 use crate::error::Result;
 
 pub struct LockSql {
-    acquire: String,
-    get_any: String,
-    get_live: String,
-    release: String,
-    renew: String,
+    acquire: Stmt,
+    get_any: Stmt,
+    get_live: Stmt,
+    release: Stmt,
+    renew: Stmt,
     sweep_lock_floor: Option<String>,
     sweep_delete: String,
     sweep_raise_floor: String,
@@ -47,38 +47,53 @@ impl LockSql {
         // Whether the existing row is the caller's own live lock.
         let own_live = format!("(locks.owner = excluded.owner AND locks.expires_at > {now})");
         Self {
-            acquire: format!(
-                "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
-                 VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3) \
-                 ON CONFLICT (resource) DO UPDATE SET \
-                   owner = excluded.owner, \
-                   fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, \
-                   acquired_at = CASE WHEN {own_live} THEN locks.acquired_at ELSE excluded.acquired_at END, \
-                   expires_at = excluded.expires_at, \
-                   prev_owner = locks.owner, \
-                   prev_expires_at = locks.expires_at \
-                 WHERE locks.owner IS NULL OR locks.expires_at <= {now} OR locks.owner = excluded.owner \
-                 RETURNING {COLUMNS}, {now}, prev_owner, prev_expires_at"
+            acquire: Stmt::new(
+                "lock_acquire",
+                format!(
+                    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
+                     VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3) \
+                     ON CONFLICT (resource) DO UPDATE SET \
+                       owner = excluded.owner, \
+                       fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, \
+                       acquired_at = CASE WHEN {own_live} THEN locks.acquired_at ELSE excluded.acquired_at END, \
+                       expires_at = excluded.expires_at, \
+                       prev_owner = locks.owner, \
+                       prev_expires_at = locks.expires_at \
+                     WHERE locks.owner IS NULL OR locks.expires_at <= {now} OR locks.owner = excluded.owner \
+                     RETURNING {COLUMNS}, {now}, prev_owner, prev_expires_at"
+                ),
             ),
-            get_any: format!(
-                "SELECT {COLUMNS}, {now} FROM locks WHERE resource = $1 AND owner IS NOT NULL"
+            get_any: Stmt::new(
+                "lock_get_any",
+                format!(
+                    "SELECT {COLUMNS}, {now} FROM locks WHERE resource = $1 AND owner IS NOT NULL"
+                ),
             ),
-            get_live: format!(
-                "SELECT {COLUMNS}, {now} FROM locks \
-                 WHERE resource = $1 AND owner IS NOT NULL AND expires_at > {now}"
+            get_live: Stmt::new(
+                "lock_get",
+                format!(
+                    "SELECT {COLUMNS}, {now} FROM locks \
+                     WHERE resource = $1 AND owner IS NOT NULL AND expires_at > {now}"
+                ),
             ),
             // Keeps the row (and its token); the record returned is the lock
             // as it was, with its original expiry, for held-time logging.
-            release: format!(
-                "UPDATE locks SET owner = NULL, prev_owner = owner, \
-                   prev_expires_at = expires_at, expires_at = {now} \
-                 WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
-                 RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, {now}"
+            release: Stmt::new(
+                "lock_release",
+                format!(
+                    "UPDATE locks SET owner = NULL, prev_owner = owner, \
+                       prev_expires_at = expires_at, expires_at = {now} \
+                     WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
+                     RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, {now}"
+                ),
             ),
-            renew: format!(
-                "UPDATE locks SET expires_at = {now} + $3 \
-                 WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
-                 RETURNING {COLUMNS}, {now}"
+            renew: Stmt::new(
+                "lock_renew",
+                format!(
+                    "UPDATE locks SET expires_at = {now} + $3 \
+                     WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
+                     RETURNING {COLUMNS}, {now}"
+                ),
             ),
             // Only rows whose token the floor covers are removed. The conditions stand in the outer WHERE too: under READ
             // COMMITTED, PostgreSQL re-checks only the outer WHERE against a
@@ -209,22 +224,25 @@ where
     async fn sweep(&self, retention: Duration, limit: i64) -> Result<u64> {
         // One transaction: hold the floor, raise it over every row about to
         // go, then remove rows it covers.
-        let mut tx = self.writer.begin().await?;
-        if let Some(sql) = &self.locks.sweep_lock_floor {
-            sqlx::query::<DB>(sql).fetch_one(&mut *tx).await?;
-        }
-        query::<DB>(&self.locks.sweep_raise_floor, &[A::millis(retention)])
-            .execute(&mut *tx)
-            .await?;
-        let removed = query::<DB>(
-            &self.locks.sweep_delete,
-            &[A::millis(retention), A::Int(limit)],
-        )
-        .fetch_all(&mut *tx)
-        .await?
-        .len() as u64;
-        tx.commit().await?;
-        Ok(removed)
+        self.timed("lock_sweep", async {
+            let mut tx = self.writer.begin().await?;
+            if let Some(sql) = &self.locks.sweep_lock_floor {
+                sqlx::query::<DB>(sql).fetch_one(&mut *tx).await?;
+            }
+            query::<DB>(&self.locks.sweep_raise_floor, &[A::millis(retention)])
+                .execute(&mut *tx)
+                .await?;
+            let removed = query::<DB>(
+                &self.locks.sweep_delete,
+                &[A::millis(retention), A::Int(limit)],
+            )
+            .fetch_all(&mut *tx)
+            .await?
+            .len() as u64;
+            tx.commit().await?;
+            Ok(removed)
+        })
+        .await
     }
 }
 

@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::metrics::{DbMetrics, PoolState};
 pub use wake::Wakeups;
 
 /// The version of a key as a reader or writer sees it.
@@ -161,6 +162,8 @@ pub trait Store: VersionStore + LockStore {
     fn wakeups(&self) -> &Wakeups;
     /// Which engine, for logs.
     fn engine(&self) -> &'static str;
+    /// The connection pools as they are now, for the metrics scrape.
+    fn pools(&self) -> Vec<PoolState>;
 }
 
 /// Pool limits shared by both engines.
@@ -171,11 +174,15 @@ pub struct PoolSettings {
 }
 
 /// Opens the database named by `url`, runs the embedded migrations, and
-/// returns the store.
-pub async fn connect(url: &str, pool: &PoolSettings) -> Result<Arc<dyn Store>, sqlx::Error> {
+/// returns the store, which records its statement timings in `metrics`.
+pub async fn connect(
+    url: &str,
+    pool: &PoolSettings,
+    metrics: DbMetrics,
+) -> Result<Arc<dyn Store>, sqlx::Error> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::connect(url, pool).await?))
+        Ok(Arc::new(sqlite::connect(url, pool, metrics).await?))
     } else {
-        Ok(Arc::new(postgres::connect(url, pool).await?))
+        Ok(Arc::new(postgres::connect(url, pool, metrics).await?))
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use super::sql::{Dialect, SqlStore};
 use super::wake::{Topic, Wakeups};
 use super::PoolSettings;
+use crate::metrics::DbMetrics;
 
 pub const DIALECT: Dialect = Dialect {
     engine: "postgres",
@@ -32,6 +33,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 pub async fn connect(
     url: &str,
     settings: &PoolSettings,
+    metrics: DbMetrics,
 ) -> Result<SqlStore<Postgres>, sqlx::Error> {
     let options = PgConnectOptions::from_str(url)?.application_name("lockstep");
     let pool = PgPoolOptions::new()
@@ -42,7 +44,7 @@ pub async fn connect(
         tracing::warn!(error = %crate::error::chain(&e), "database not ready; retrying migrations in the background");
         tokio::spawn(migrate_until_done(pool.clone()));
     }
-    let store = SqlStore::new(pool.clone(), pool.clone(), None, DIALECT);
+    let store = SqlStore::new(pool.clone(), pool.clone(), None, DIALECT, metrics);
     tokio::spawn(relay_notifications(pool, store.wakeups.clone()));
     Ok(store)
 }

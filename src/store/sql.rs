@@ -5,6 +5,12 @@
 //! queries and that reads and writes `i64` and `String`", which SQLite and
 //! PostgreSQL both are. Statement texts are built once, at connect time, from the dialect's
 //! expression for the database clock.
+//!
+//! Every statement is timed here, in [`SqlStore::timed`], under the
+//! operation name its [`Stmt`] carries: one place for both engines.
+
+use std::future::Future;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
@@ -14,6 +20,19 @@ use super::locks::LockSql;
 use super::versions::VersionSql;
 use super::{Store, Wakeups};
 use crate::error::Result;
+use crate::metrics::{DbMetrics, PoolState};
+
+/// A statement and the operation name its timings are recorded under.
+pub struct Stmt {
+    pub op: &'static str,
+    pub sql: String,
+}
+
+impl Stmt {
+    pub fn new(op: &'static str, sql: String) -> Self {
+        Self { op, sql }
+    }
+}
 
 /// How one engine differs from the other.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +63,7 @@ pub struct SqlStore<DB: Database> {
     pub(super) locks: LockSql,
     pub(super) wakeups: Wakeups,
     pub(super) dialect: Dialect,
+    pub(super) metrics: DbMetrics,
 }
 
 impl<DB: Database> SqlStore<DB> {
@@ -52,6 +72,7 @@ impl<DB: Database> SqlStore<DB> {
         writer: Pool<DB>,
         batcher: Option<Batcher<DB>>,
         dialect: Dialect,
+        metrics: DbMetrics,
     ) -> Self {
         Self {
             readers,
@@ -61,11 +82,24 @@ impl<DB: Database> SqlStore<DB> {
             locks: LockSql::new(&dialect),
             wakeups: Wakeups::new(),
             dialect,
+            metrics,
         }
     }
 
     pub fn readers(&self) -> &Pool<DB> {
         &self.readers
+    }
+
+    /// Runs `work` and records how long it took under `op`.
+    pub(super) async fn timed<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let result = work.await;
+        self.metrics.observe(op, started.elapsed(), result.is_ok());
+        result
     }
 }
 
@@ -81,37 +115,43 @@ where
     /// A read: at most one row, from the reader pool.
     pub(super) async fn read_row(
         &self,
-        sql: &str,
+        stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Option<<DB as Database>::Row>> {
-        Ok(batch::query::<DB>(sql, &args)
-            .fetch_optional(&self.readers)
-            .await?)
+        self.timed(stmt.op, async {
+            Ok(batch::query::<DB>(&stmt.sql, &args)
+                .fetch_optional(&self.readers)
+                .await?)
+        })
+        .await
     }
 
     /// A conditional write: its `RETURNING` rows, once durable.
     pub(super) async fn write_rows(
         &self,
-        sql: &str,
+        stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Vec<<DB as Database>::Row>> {
-        Ok(match &self.batcher {
-            Some(b) => b.execute(sql, args).await?,
-            None => {
-                batch::query::<DB>(sql, &args)
-                    .fetch_all(&self.writer)
-                    .await?
-            }
+        self.timed(stmt.op, async {
+            Ok(match &self.batcher {
+                Some(b) => b.execute(&stmt.sql, args).await?,
+                None => {
+                    batch::query::<DB>(&stmt.sql, &args)
+                        .fetch_all(&self.writer)
+                        .await?
+                }
+            })
         })
+        .await
     }
 
     /// A conditional write that returns at most one row.
     pub(super) async fn write_row(
         &self,
-        sql: &str,
+        stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Option<<DB as Database>::Row>> {
-        Ok(self.write_rows(sql, args).await?.into_iter().next())
+        Ok(self.write_rows(stmt, args).await?.into_iter().next())
     }
 }
 
@@ -127,10 +167,32 @@ where
 {
     async fn ping(&self) -> Result<()> {
         // Reads a migrated table, so "reachable but not migrated" fails too.
-        sqlx::query("SELECT 1 FROM lock_token_floor WHERE id = 1")
-            .fetch_one(&self.readers)
-            .await?;
-        Ok(())
+        self.timed("ping", async {
+            sqlx::query("SELECT 1 FROM lock_token_floor WHERE id = 1")
+                .fetch_one(&self.readers)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    fn pools(&self) -> Vec<PoolState> {
+        let state = |pool, p: &Pool<DB>| PoolState {
+            pool,
+            size: p.size(),
+            idle: p.num_idle(),
+        };
+        // One pool behind both handles (PostgreSQL, in-memory SQLite) is
+        // reported once, so sums over pools count each connection once. Two
+        // handles of one pool share its options.
+        if std::ptr::eq(self.readers.options(), self.writer.options()) {
+            vec![state("shared", &self.readers)]
+        } else {
+            vec![
+                state("reader", &self.readers),
+                state("writer", &self.writer),
+            ]
+        }
     }
 
     fn wakeups(&self) -> &Wakeups {

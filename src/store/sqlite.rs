@@ -17,6 +17,7 @@ use sqlx::Sqlite;
 use super::batch::Batcher;
 use super::sql::{Dialect, SqlStore};
 use super::PoolSettings;
+use crate::metrics::DbMetrics;
 
 pub const DIALECT: Dialect = Dialect {
     engine: "sqlite",
@@ -30,7 +31,11 @@ const MAX_READERS: u32 = 4;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqlite>, sqlx::Error> {
+pub async fn connect(
+    url: &str,
+    settings: &PoolSettings,
+    metrics: DbMetrics,
+) -> Result<SqlStore<Sqlite>, sqlx::Error> {
     let memory = url.contains(":memory:") || url.contains("mode=memory");
     let options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
@@ -55,7 +60,7 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        return Ok(SqlStore::new(pool.clone(), pool, None, DIALECT));
+        return Ok(SqlStore::new(pool.clone(), pool, None, DIALECT, metrics));
     }
     // A local file cannot drop a connection the way a network can, so the
     // pool does not ping each connection before handing it out (that ping is
@@ -77,5 +82,11 @@ pub async fn connect(url: &str, settings: &PoolSettings) -> Result<SqlStore<Sqli
         .connect_with(options)
         .await?;
     let batcher = Batcher::spawn(writer.clone(), "BEGIN IMMEDIATE");
-    Ok(SqlStore::new(readers, writer, Some(batcher), DIALECT))
+    Ok(SqlStore::new(
+        readers,
+        writer,
+        Some(batcher),
+        DIALECT,
+        metrics,
+    ))
 }

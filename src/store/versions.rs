@@ -11,82 +11,103 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::batch::Arg;
-use super::sql::SqlStore;
+use super::sql::{SqlStore, Stmt};
 use super::wake::Topic;
 use super::{Lease, VersionState, VersionStore};
 use crate::error::Result;
 
 pub struct VersionSql {
-    current: String,
-    claim_new: String,
-    claim_existing: String,
-    commit: String,
-    abort: String,
-    bump_and_hold: String,
-    created: String,
+    current: Stmt,
+    claim_new: Stmt,
+    claim_existing: Stmt,
+    commit: Stmt,
+    abort: Stmt,
+    bump_and_hold: Stmt,
+    created: Stmt,
 }
 
 impl VersionSql {
     pub fn new(now: &str) -> Self {
         Self {
-            current: format!(
-                "SELECT version, lease_id, lease_until - {now} FROM versions WHERE key = $1"
+            current: Stmt::new(
+                "version_current",
+                format!(
+                    "SELECT version, lease_id, lease_until - {now} FROM versions WHERE key = $1"
+                ),
             ),
             // A key without a row is at version 1; only a writer expecting 1
             // may create it (the caller checks), and a racing insert loses.
-            claim_new: format!(
-                "INSERT INTO versions (key, version, updated_at, lease_id, lease_until) \
-                 VALUES ($1, 1, {now}, $2, {now} + $3) \
-                 ON CONFLICT (key) DO NOTHING RETURNING version"
+            claim_new: Stmt::new(
+                "version_claim_new",
+                format!(
+                    "INSERT INTO versions (key, version, updated_at, lease_id, lease_until) \
+                     VALUES ($1, 1, {now}, $2, {now} + $3) \
+                     ON CONFLICT (key) DO NOTHING RETURNING version"
+                ),
             ),
             // Free or expired lease, and the effective version is the one the
             // writer holds: take the lease; an expired one costs a bump.
-            claim_existing: format!(
-                "UPDATE versions SET \
-                   version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
-                   updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
-                   lease_id = $2, lease_until = {now} + $3 \
-                 WHERE key = $1 \
-                   AND (lease_id IS NULL OR lease_until <= {now}) \
-                   AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4 \
-                 RETURNING version"
+            claim_existing: Stmt::new(
+                "version_claim",
+                format!(
+                    "UPDATE versions SET \
+                       version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
+                       updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
+                       lease_id = $2, lease_until = {now} + $3 \
+                     WHERE key = $1 \
+                       AND (lease_id IS NULL OR lease_until <= {now}) \
+                       AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4 \
+                     RETURNING version"
+                ),
             ),
             // Still ours (nobody took it over): bump and release. A lease
             // that ran out but was not taken over may still commit, one past
             // the v+1 readers have been shown meanwhile (a reader holding v+1
             // may hold a body from before this write).
-            commit: format!(
-                "UPDATE versions SET \
-                   version = version + 1 + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
-                   updated_at = {now}, lease_id = NULL, lease_until = NULL \
-                 WHERE key = $1 AND lease_id = $2 RETURNING version"
+            commit: Stmt::new(
+                "version_commit",
+                format!(
+                    "UPDATE versions SET \
+                       version = version + 1 + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
+                       updated_at = {now}, lease_id = NULL, lease_until = NULL \
+                     WHERE key = $1 AND lease_id = $2 RETURNING version"
+                ),
             ),
             // Release without bump, unless the lease already ran out (readers
             // were shown v+1; the version must not go back).
-            abort: format!(
-                "UPDATE versions SET \
-                   version = version + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
-                   updated_at = CASE WHEN lease_until <= {now} THEN {now} ELSE updated_at END, \
-                   lease_id = NULL, lease_until = NULL \
-                 WHERE key = $1 AND lease_id = $2"
+            abort: Stmt::new(
+                "version_abort",
+                format!(
+                    "UPDATE versions SET \
+                       version = version + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
+                       updated_at = CASE WHEN lease_until <= {now} THEN {now} ELSE updated_at END, \
+                       lease_id = NULL, lease_until = NULL \
+                     WHERE key = $1 AND lease_id = $2"
+                ),
             ),
-            bump_and_hold: format!(
-                "UPDATE versions SET version = version + 1, updated_at = {now} \
-                 WHERE key = $1 AND lease_id = $2 RETURNING version"
+            bump_and_hold: Stmt::new(
+                "version_bump_and_hold",
+                format!(
+                    "UPDATE versions SET version = version + 1, updated_at = {now} \
+                     WHERE key = $1 AND lease_id = $2 RETURNING version"
+                ),
             ),
             // A created item: 1 if never seen, else past everything before it
             // (an expired lease counts as the write it may have been). A free
             // row at 1 was only ever refused a write: still "never seen".
-            created: format!(
-                "INSERT INTO versions (key, version, updated_at) VALUES ($1, 1, {now}) \
-                 ON CONFLICT (key) DO UPDATE SET \
-                   version = CASE WHEN versions.version = 1 AND versions.lease_id IS NULL THEN 1 \
-                     ELSE versions.version + 1 \
-                       + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END) END, \
-                   updated_at = {now}, \
-                   lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
-                   lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \
-                 RETURNING version"
+            created: Stmt::new(
+                "version_created",
+                format!(
+                    "INSERT INTO versions (key, version, updated_at) VALUES ($1, 1, {now}) \
+                     ON CONFLICT (key) DO UPDATE SET \
+                       version = CASE WHEN versions.version = 1 AND versions.lease_id IS NULL THEN 1 \
+                         ELSE versions.version + 1 \
+                           + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END) END, \
+                       updated_at = {now}, \
+                       lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
+                       lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \
+                     RETURNING version"
+                ),
             ),
         }
     }
@@ -214,9 +235,14 @@ where
         .await
     }
 
-    async fn returning_version(&self, sql: &str, key: &str, lease_id: &str) -> Result<Option<i64>> {
+    async fn returning_version(
+        &self,
+        stmt: &Stmt,
+        key: &str,
+        lease_id: &str,
+    ) -> Result<Option<i64>> {
         let row = self
-            .write_row(sql, vec![A::text(key), A::text(lease_id)])
+            .write_row(stmt, vec![A::text(key), A::text(lease_id)])
             .await?;
         Ok(match row {
             Some(row) => Some(row.try_get(0)?),

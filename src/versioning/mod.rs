@@ -40,6 +40,7 @@ use hyper::body::Incoming;
 
 use crate::body::{self, Body, Buffered};
 use crate::error::{Error, Result};
+use crate::metrics::{ConflictReason, RequestKind, UnknownOutcome, VersionMetrics};
 use crate::problem;
 use crate::proxy::{ForwardError, Inbound, Upstream};
 use crate::resources::{ResourceMap, Route};
@@ -65,6 +66,7 @@ pub struct Versioning {
     upstream: Upstream,
     resources: Arc<ResourceMap>,
     settings: Arc<Settings>,
+    metrics: VersionMetrics,
 }
 
 /// What happened to one versioned request, for the request log.
@@ -81,40 +83,49 @@ impl Versioning {
         upstream: Upstream,
         resources: Arc<ResourceMap>,
         settings: Settings,
+        metrics: VersionMetrics,
     ) -> Self {
         Self {
             store,
             upstream,
             resources,
             settings: Arc::new(settings),
+            metrics,
         }
     }
 
     /// Handles a request on a versioned route; `route` comes from
-    /// [`ResourceMap::classify`]. Returns `None` for method/route pairs that
-    /// are not versioned (the caller proxies them untouched).
+    /// [`ResourceMap::classify`]. Returns the request back for method/route
+    /// pairs that are not versioned (the caller proxies them untouched), and
+    /// otherwise the response with the kind of request it answered.
     pub async fn handle(
         &self,
         req: Request<Incoming>,
         route: &Route,
         inbound: Inbound<'_>,
-    ) -> std::result::Result<Response<Body>, Request<Incoming>> {
+    ) -> std::result::Result<(RequestKind, Response<Body>), Request<Incoming>> {
         let started = Instant::now();
         let method = req.method().clone();
         let raw_path = req.uri().path().to_string();
-        let (key, result) = match (route, &method) {
+        let (kind, key, result) = match (route, &method) {
             (Route::Item { key, path }, &Method::GET | &Method::HEAD) => {
                 let pq = with_query(path, req.uri());
-                (key.clone(), self.read(req, key, pq, inbound).await)
+                let result = self.read(req, key, pq, inbound).await;
+                (RequestKind::VersionedRead, key.clone(), result)
             }
             (Route::Item { key, path }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
                 let pq = with_query(path, req.uri());
-                (key.clone(), self.write(req, key, pq, inbound).await)
+                let result = self.write(req, key, pq, inbound).await;
+                (RequestKind::VersionedWrite, key.clone(), result)
             }
             (Route::Collection { path }, &Method::POST) => {
                 let pq = with_query(path, req.uri());
                 let (key, result) = self.create(req, path, pq, inbound).await;
-                (key.unwrap_or_default(), result)
+                (
+                    RequestKind::CollectionCreate,
+                    key.unwrap_or_default(),
+                    result,
+                )
             }
             _ => return Err(req),
         };
@@ -132,8 +143,10 @@ impl Versioning {
                 (problem::response(&err), outcome)
             }
         };
+        // The access line of a versioned request: exactly one per request.
         tracing::info!(
             target: "lockstep::request",
+            kind = kind.as_str(),
             method = %method,
             path = %raw_path,
             key = %key,
@@ -144,7 +157,7 @@ impl Versioning {
             latency_ms = started.elapsed().as_secs_f64() * 1000.0,
             "versioned request"
         );
-        Ok(response)
+        Ok((kind, response))
     }
 
     // ---------------------------------------------------------------- read
@@ -247,6 +260,7 @@ impl Versioning {
             stamp::take_version(&raw, json, &self.settings.body_field).map_err(|e| (e, None))?;
         let expected = precondition::combine(header_expect, body_version).map_err(|e| (e, None))?;
         if expected == Expected::Unchecked && self.settings.require_precondition {
+            self.metrics.conflict(ConflictReason::PreconditionRequired);
             return Err((Error::PreconditionRequired, None));
         }
         for h in [header::IF_MATCH, header::IF_NONE_MATCH] {
@@ -300,6 +314,9 @@ impl Versioning {
                     .await
                     .map_err(store_err)?;
                 if resp.status().is_server_error() {
+                    if new.is_some() {
+                        self.metrics.unknown_outcome(UnknownOutcome::Backend5xx);
+                    }
                     return Ok((
                         passthrough_response(resp, false),
                         outcome(new, "unknown-outcome-bumped"),
@@ -314,6 +331,7 @@ impl Versioning {
                         outcome(None, "lease-lost"),
                     ));
                 };
+                self.metrics.bumped();
                 let resp = self.stamp(resp, new, false).await.map_err(store_err)?;
                 Ok((resp, outcome(Some(new), "committed")))
             }
@@ -341,6 +359,12 @@ impl Versioning {
                     .bump_and_hold(&key, &lease_id)
                     .await
                     .map_err(store_err)?;
+                if new.is_some() {
+                    self.metrics.unknown_outcome(match e {
+                        ForwardError::Timeout => UnknownOutcome::Timeout,
+                        _ => UnknownOutcome::Reset,
+                    });
+                }
                 tracing::warn!(key = %key, version = new, error = ?e, "write outcome unknown; key closed until its lease runs out");
                 Err((e.to_error(self.upstream.request_timeout()), Some(held)))
             }
@@ -361,6 +385,7 @@ impl Versioning {
         loop {
             let state = self.store.current(key).await.map_err(|e| (e, None))?;
             let Some(version) = expected.accepts(state.version) else {
+                self.metrics.conflict(ConflictReason::Stale);
                 return Err((
                     Error::Conflict {
                         current_version: state.version,
@@ -373,6 +398,7 @@ impl Versioning {
             if let Lease::Held { remaining_ms } = state.lease {
                 let now = Instant::now();
                 if now >= deadline {
+                    self.metrics.conflict(ConflictReason::WriteInProgress);
                     return Err((
                         Error::WriteInProgress {
                             current_version: state.version,
@@ -395,10 +421,16 @@ impl Versioning {
                 .await
                 .map_err(|e| (e, Some(version)))?
             {
+                if state.lease == Lease::Expired {
+                    // The claim took over a lease that ran out uncommitted,
+                    // and bumped the version for that write.
+                    self.metrics.unknown_outcome(UnknownOutcome::LeaseTakeover);
+                }
                 return Ok(held);
             }
             // Lost a race with another writer: look again.
             if Instant::now() >= deadline {
+                self.metrics.conflict(ConflictReason::WriteInProgress);
                 return Err((
                     Error::WriteInProgress {
                         current_version: version,
