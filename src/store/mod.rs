@@ -17,6 +17,7 @@ mod locks;
 pub mod postgres;
 mod sql;
 pub mod sqlite;
+mod version_cache;
 mod versions;
 pub mod wake;
 

@@ -17,6 +17,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::batch::{self, Arg, Batcher};
 use super::locks::LockSql;
+use super::version_cache::VersionCache;
 use super::versions::VersionSql;
 use super::{Store, Wakeups};
 use crate::error::Result;
@@ -64,6 +65,9 @@ pub struct SqlStore<DB: Database> {
     pub(super) wakeups: Wakeups,
     pub(super) dialect: Dialect,
     pub(super) metrics: DbMetrics,
+    /// Versions read from a SQLite file, kept while the file is unchanged
+    /// (`None`: every read asks the database).
+    pub(super) version_cache: Option<VersionCache>,
 }
 
 impl<DB: Database> SqlStore<DB> {
@@ -83,7 +87,14 @@ impl<DB: Database> SqlStore<DB> {
             wakeups: Wakeups::new(),
             dialect,
             metrics,
+            version_cache: None,
         }
+    }
+
+    /// Serves version reads from `cache` while the database is unchanged.
+    pub fn with_version_cache(mut self, cache: VersionCache) -> Self {
+        self.version_cache = Some(cache);
+        self
     }
 
     pub fn readers(&self) -> &Pool<DB> {

@@ -6,7 +6,8 @@
 //! loss, and a version that was handed out and then forgotten would be handed
 //! out again: a lost update.) All writes go through one connection; other
 //! processes sharing the file (a second replica in tests) queue on SQLite's
-//! write lock through `busy_timeout`.
+//! write lock through `busy_timeout`. Version reads go through a cache that
+//! is exact while the file is unchanged (`version_cache.rs`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use sqlx::Sqlite;
 
 use super::batch::Batcher;
 use super::sql::{Dialect, SqlStore};
+use super::version_cache::VersionCache;
 use super::PoolSettings;
 use crate::metrics::DbMetrics;
 
@@ -75,6 +77,7 @@ pub async fn connect(
         .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
+    let cache = VersionCache::new(options.get_filename());
     let readers = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
@@ -82,11 +85,5 @@ pub async fn connect(
         .connect_with(options)
         .await?;
     let batcher = Batcher::spawn(writer.clone(), "BEGIN IMMEDIATE");
-    Ok(SqlStore::new(
-        readers,
-        writer,
-        Some(batcher),
-        DIALECT,
-        metrics,
-    ))
+    Ok(SqlStore::new(readers, writer, Some(batcher), DIALECT, metrics).with_version_cache(cache))
 }

@@ -12,6 +12,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, 
 
 use super::batch::Arg;
 use super::sql::{SqlStore, Stmt};
+use super::version_cache::Lookup;
 use super::wake::Topic;
 use super::{Lease, VersionState, VersionStore};
 use crate::error::Result;
@@ -126,29 +127,16 @@ where
     usize: ColumnIndex<<DB as Database>::Row>,
 {
     async fn current(&self, key: &str) -> Result<VersionState> {
-        let row = self
-            .read_row(&self.versions.current, vec![A::text(key)])
-            .await?;
-        let Some(row) = row else {
-            return Ok(VersionState {
-                version: 1,
-                lease: Lease::Free,
-                exists: false,
-            });
+        let tag = match self.version_cache.as_ref().map(|c| c.lookup(key)) {
+            Some(Lookup::Hit(state)) => return Ok(state),
+            Some(Lookup::Miss(tag)) => tag,
+            None => None,
         };
-        let version: i64 = row.try_get(0)?;
-        let lease_id: Option<String> = row.try_get(1)?;
-        let remaining: Option<i64> = row.try_get(2)?;
-        let (version, lease) = match (lease_id, remaining) {
-            (None, _) => (version, Lease::Free),
-            (Some(_), Some(ms)) if ms > 0 => (version, Lease::Held { remaining_ms: ms }),
-            (Some(_), _) => (version + 1, Lease::Expired),
-        };
-        Ok(VersionState {
-            version,
-            lease,
-            exists: true,
-        })
+        let state = self.read_current(key).await?;
+        if let (Some(cache), Some(tag)) = (&self.version_cache, tag) {
+            cache.fill(key, tag, state);
+        }
+        Ok(state)
     }
 
     async fn claim(
@@ -233,6 +221,33 @@ where
             ],
         )
         .await
+    }
+
+    /// The key's version as the database has it now.
+    async fn read_current(&self, key: &str) -> Result<VersionState> {
+        let row = self
+            .read_row(&self.versions.current, vec![A::text(key)])
+            .await?;
+        let Some(row) = row else {
+            return Ok(VersionState {
+                version: 1,
+                lease: Lease::Free,
+                exists: false,
+            });
+        };
+        let version: i64 = row.try_get(0)?;
+        let lease_id: Option<String> = row.try_get(1)?;
+        let remaining: Option<i64> = row.try_get(2)?;
+        let (version, lease) = match (lease_id, remaining) {
+            (None, _) => (version, Lease::Free),
+            (Some(_), Some(ms)) if ms > 0 => (version, Lease::Held { remaining_ms: ms }),
+            (Some(_), _) => (version + 1, Lease::Expired),
+        };
+        Ok(VersionState {
+            version,
+            lease,
+            exists: true,
+        })
     }
 
     async fn returning_version(
