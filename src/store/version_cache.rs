@@ -164,6 +164,20 @@ impl VersionCache {
     }
 }
 
+impl Drop for VersionCache {
+    fn drop(&mut self) {
+        // SQLite connections of this process may outlive the cache: keep
+        // the descriptor open to the end (see the module doc).
+        let entries = match self.entries.get_mut() {
+            Ok(entries) => entries,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some((file, _)) = entries.shm.take() {
+            std::mem::forget(file);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
