@@ -238,7 +238,9 @@ def rust_str(lit):
 LIT = r'"((?:[^"\\]|\\.|\\\n)*)"'
 
 def fmt(src, name, sep=":"):
-    m = re.search(r"\b" + name + r"\s*" + sep + r"\s*format!\(\s*" + LIT, src, re.S)
+    # `name: Stmt::new("op", format!("…"))` or `name = format!("…")`.
+    stmt = r'(?:Stmt::new\(\s*"\w+",\s*)?'
+    m = re.search(r"\b" + name + r"\s*" + sep + r"\s*" + stmt + r"format!\(\s*" + LIT, src, re.S)
     if not m:
         sys.exit(f"no {name} format! string")
     return rust_str(m.group(1))

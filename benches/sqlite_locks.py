@@ -80,8 +80,10 @@ def extract(locks_rs: str, sqlite_rs: str):
     now = one(r"now_ms:\s*" + RUST_STR, dialect, "now_ms in sqlite.rs")
     columns = one(r"const COLUMNS: &str = " + RUST_STR, src, "COLUMNS")
     own_live = one(r"let own_live = format!\(\s*" + RUST_STR, src, "own_live")
-    acquire = one(r"\bacquire: format!\(\s*" + RUST_STR, src, "acquire")
-    release = one(r"\brelease: format!\(\s*" + RUST_STR, src, "release")
+    # `name: Stmt::new("op", format!("…"))` (or a bare `format!`).
+    stmt = r"\b{}: (?:Stmt::new\(\s*\"\w+\",\s*)?format!\(\s*"
+    acquire = one(stmt.format("acquire") + RUST_STR, src, "acquire")
+    release = one(stmt.format("release") + RUST_STR, src, "release")
     return build(now, columns, own_live, acquire, release)
 
 

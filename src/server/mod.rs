@@ -72,6 +72,10 @@ pub async fn serve<H: Handler>(
         .keep_alive_interval(Some(settings.idle_timeout / 2))
         .keep_alive_timeout(Duration::from_secs(20));
     let builder = Arc::new(builder);
+    // Shared, not cloned per request: a router holds a dozen handles
+    // (store, upstream client, settings), and cloning them for every
+    // request showed up in profiles.
+    let handler = Arc::new(handler);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
 
