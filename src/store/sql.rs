@@ -92,8 +92,8 @@ impl<DB: Database> SqlStore<DB> {
     }
 
     /// Serves version reads from `cache` while the database is unchanged.
-    pub fn with_version_cache(mut self, cache: VersionCache) -> Self {
-        self.version_cache = Some(cache);
+    pub fn with_version_cache(mut self, cache: Option<VersionCache>) -> Self {
+        self.version_cache = cache;
         self
     }
 

@@ -77,7 +77,10 @@ pub async fn connect(
         .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
-    let cache = VersionCache::new(options.get_filename());
+    // The cache relies on the shared -shm file; URL options such as
+    // `vfs=unix-excl` keep the WAL index in private memory instead, and a
+    // leftover -shm file would then never change. Plain URLs only.
+    let cache = (!url.contains('?')).then(|| VersionCache::new(options.get_filename()));
     let readers = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
