@@ -310,6 +310,19 @@ async fn an_untrusted_backend_certificate_is_a_502_and_the_write_never_reaches_i
     assert_eq!(resp.etag_version(), Some(2));
 }
 
+/// lockstep serving HTTPS with the pair, checking the files every
+/// `reload_ms`.
+fn serving(backend: &Backend, cert: &Path, key: &Path, reload_ms: u64) -> Lockstep {
+    Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml(&format!(
+            "cert_file = {}\nkey_file = {}\ntls_reload_interval_ms = {reload_ms}",
+            toml_path(cert),
+            toml_path(key)
+        ))
+        .start()
+}
+
 fn kill_hup(pid: u32) {
     let status = std::process::Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -323,14 +336,7 @@ async fn sighup_rotates_the_certificate_and_open_connections_keep_working() {
     let pki = Pki::new();
     let (cert, key, first) = pki.issue("served");
     let backend = Backend::start();
-    let lockstep = Lockstep::builder()
-        .upstream(backend.url())
-        .server_toml(&format!(
-            "cert_file = {}\nkey_file = {}\ntls_reload_interval_ms = 3600000",
-            toml_path(&cert),
-            toml_path(&key)
-        ))
-        .start();
+    let lockstep = serving(&backend, &cert, &key, 3600000);
     let mut old = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
     assert_eq!(old.leaf, first);
     let (status, _, _) = old.request("GET", "/echo/before", None).await;
@@ -366,14 +372,7 @@ async fn changed_files_are_picked_up_and_a_broken_pair_keeps_the_old_certificate
     let pki = Pki::new();
     let (cert, key, first) = pki.issue("served");
     let backend = Backend::start();
-    let lockstep = Lockstep::builder()
-        .upstream(backend.url())
-        .server_toml(&format!(
-            "cert_file = {}\nkey_file = {}\ntls_reload_interval_ms = 100",
-            toml_path(&cert),
-            toml_path(&key)
-        ))
-        .start();
+    let lockstep = serving(&backend, &cert, &key, 100);
     let roots = pki.roots();
 
     let (_, _, second) = pki.issue("served");
