@@ -493,3 +493,54 @@ fn check_config_refuses_incomplete_unreadable_and_mismatched_certificates() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_backend_that_stalls_the_tls_handshake_is_a_502_within_the_connect_timeout_and_bumps_nothing(
+) {
+    // Accepts TCP connections and never answers the ClientHello.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let lockstep = Lockstep::builder()
+        .upstream(format!("https://{addr}"))
+        .upstream_toml("connect_timeout_ms = 300\nrequest_timeout_ms = 8000")
+        .versioning_toml("write_lease_ms = 9000")
+        .start();
+    let client = common::Client::new();
+    for attempt in 0..2 {
+        let started = std::time::Instant::now();
+        let resp = client
+            .put(lockstep.proxy_url_for("/articles/stall"), json!({"t": 1}))
+            .if_match(1)
+            .send()
+            .await;
+        // Not a 504 after the request timeout, and not a 409 on the second
+        // attempt: the write was known not to have been sent, so version 1
+        // still stands.
+        assert_eq!(
+            resp.status,
+            StatusCode::BAD_GATEWAY,
+            "attempt {attempt}: {}",
+            resp.text()
+        );
+        assert!(
+            resp.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("connect_timeout_ms"),
+            "{}",
+            resp.text()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "attempt {attempt} took {:?}",
+            started.elapsed()
+        );
+    }
+    held.abort();
+}

@@ -9,7 +9,10 @@
 
 pub mod headers;
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -39,7 +42,7 @@ pub struct UpstreamSettings {
 /// The client side of the proxy: where requests go and how.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    client: Client<BoundedConnect<HttpsConnector<HttpConnector>>, Body>,
     scheme: Scheme,
     authority: Authority,
     request_timeout: Duration,
@@ -75,6 +78,52 @@ impl ForwardError {
     }
 }
 
+/// A connector whose whole set-up, TCP connect and TLS handshake, is
+/// bounded by the connect timeout.
+///
+/// Why: a failure here is reported as a connect error, which means the
+/// request was never sent (502, a write is known not to have happened). A
+/// handshake that stalled would otherwise run into the request timeout and
+/// count as an unknown outcome, bumping a version for nothing.
+#[derive(Clone)]
+struct BoundedConnect<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<C> tower_service::Service<Uri> for BoundedConnect<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+    C::Response: Send + 'static,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => Err(format!(
+                    "no connection (TCP and TLS) within upstream.connect_timeout_ms = {}",
+                    timeout.as_millis()
+                )
+                .into()),
+            }
+        })
+    }
+}
+
 /// Facts about the inbound request that forwarding needs.
 #[derive(Debug, Clone, Copy)]
 pub struct Inbound<'a> {
@@ -90,14 +139,15 @@ impl Upstream {
         connector.set_keepalive(Some(Duration::from_secs(60)));
         connector.enforce_http(false);
         // Plain http:// passes straight through; https:// is verified
-        // against `settings.tls`. The connect timeout above covers the TCP
-        // connect only; a TLS handshake that stalls is bounded by the
-        // request timeout.
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(settings.tls.clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
+        // against `settings.tls`.
+        let connector = BoundedConnect {
+            inner: HttpsConnectorBuilder::new()
+                .with_tls_config(settings.tls.clone())
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector),
+            timeout: settings.connect_timeout,
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
