@@ -50,20 +50,8 @@ pub fn add_forwarded(
     authority: Option<&str>,
 ) {
     let xff = HeaderName::from_static("x-forwarded-for");
-    if !headers.contains_key(&xff) {
-        if let Ok(v) = HeaderValue::from_str(&client.to_string()) {
-            headers.insert(xff, v);
-        }
-    } else {
-        append_forwarded_for(headers, &xff, client);
-    }
-    set_proto_and_host(headers, proto, authority);
-}
-
-/// Appends `client` to the `X-Forwarded-For` values already present.
-fn append_forwarded_for(headers: &mut HeaderMap, xff: &HeaderName, client: IpAddr) {
     let prior: Vec<String> = headers
-        .get_all(xff)
+        .get_all(&xff)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .map(str::to_string)
@@ -74,13 +62,8 @@ fn append_forwarded_for(headers: &mut HeaderMap, xff: &HeaderName, client: IpAdd
     }
     value.push_str(&client.to_string());
     if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(xff.clone(), v);
+        headers.insert(xff, v);
     }
-}
-
-/// Sets `X-Forwarded-Proto`, and `X-Forwarded-Host` from `Host` (or the
-/// HTTP/2 authority).
-fn set_proto_and_host(headers: &mut HeaderMap, proto: &str, authority: Option<&str>) {
     headers.insert(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
