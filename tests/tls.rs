@@ -85,7 +85,7 @@ impl Pki {
 }
 
 fn toml_path(p: &Path) -> String {
-    format!("{:?}", p.display().to_string())
+    common::toml_string(&p.display().to_string())
 }
 
 /// Opens a TLS connection offering `alpn`, trusting only `roots`.
@@ -323,14 +323,6 @@ fn serving(backend: &Backend, cert: &Path, key: &Path, reload_ms: u64) -> Lockst
         .start()
 }
 
-fn kill_hup(pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 #[tokio::test]
 async fn sighup_rotates_the_certificate_and_open_connections_keep_working() {
     let pki = Pki::new();
@@ -348,7 +340,7 @@ async fn sighup_rotates_the_certificate_and_open_connections_keep_working() {
     // Without the signal (the poll interval is an hour) nothing changes.
     let still = Conn::open(lockstep.proxy_addr(), pki.roots()).await;
     assert_eq!(still.leaf, first);
-    kill_hup(lockstep.pid());
+    lockstep.hangup();
     lockstep
         .wait_for_log(Duration::from_secs(10), |l| {
             l["fields"]["message"].as_str()
@@ -412,7 +404,7 @@ async fn changed_files_are_picked_up_and_a_broken_pair_keeps_the_old_certificate
 async fn sighup_without_tls_does_not_stop_lockstep() {
     let backend = Backend::start();
     let lockstep = Lockstep::in_front_of(&backend);
-    kill_hup(lockstep.pid());
+    lockstep.hangup();
     lockstep
         .wait_for_log(Duration::from_secs(10), |l| {
             l["fields"]["message"].as_str() == Some("SIGHUP: no TLS certificate to reload")

@@ -828,6 +828,11 @@ impl Lockstep {
         self.signal("INT");
     }
 
+    /// Sends SIGHUP (reload).
+    pub fn hangup(&self) {
+        self.signal("HUP");
+    }
+
     fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .arg(format!("-{name}"))
@@ -909,7 +914,8 @@ fn parse_toml(text: &str) -> toml::Table {
 }
 
 /// A TOML basic string with the needed escapes.
-fn toml_string(text: &str) -> String {
+/// `text` as a TOML string literal.
+pub fn toml_string(text: &str) -> String {
     toml::Value::String(text.to_owned()).to_string()
 }
 
