@@ -424,8 +424,10 @@ impl Config {
         }
         let upstream_ca =
             (!self.upstream.ca_file.is_empty()).then(|| PathBuf::from(&self.upstream.ca_file));
-        if upstream.scheme_str() == Some("https") || upstream_ca.is_some() {
-            crate::tls::client_config(upstream_ca.as_deref())
+        // Only a CA file can fail to load (unreadable system roots are
+        // skipped), so only then is the client config built here.
+        if let Some(ca) = &upstream_ca {
+            crate::tls::client_config(Some(ca))
                 .map_err(|e| ConfigError::Invalid(format!("upstream.ca_file: {e}")))?;
         }
         Ok(Validated {
