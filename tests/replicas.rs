@@ -6,6 +6,7 @@
 mod common;
 #[macro_use]
 mod locks_db;
+mod versioned_support;
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use common::{Backend, Client, Lockstep};
 use locks_db::{Db, DbKind};
 use serde_json::json;
 use tokio::sync::Barrier;
+use versioned_support::counter_clients;
 
 db_tests!(
     no_update_is_lost_with_16_clients_spread_over_three_replicas,
@@ -39,44 +41,7 @@ async fn no_update_is_lost_with_16_clients_spread_over_three_replicas(kind: DbKi
     let created = client.put(&urls[0], json!({"n": 0})).send().await;
     assert_eq!(created.status, 200, "{created:?}");
 
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|id| {
-            let client = client.clone();
-            let url = urls[id % urls.len()].clone();
-            tokio::spawn(async move {
-                let (mut ok, mut conflicts) = (0u64, 0u64);
-                for _ in 0..INCREMENTS {
-                    for attempt in 0.. {
-                        assert!(attempt < 300, "client {id}: no increment after 300 tries");
-                        let read = client.get(&url).send().await;
-                        assert_eq!(read.status, 200, "client {id}: {read:?}");
-                        let version = read.etag_version().expect("a read carries its version");
-                        let n = read.json()["n"].as_u64().expect("the counter");
-                        let write = client
-                            .patch(&url, json!({"n": n + 1}))
-                            .if_match(version)
-                            .send()
-                            .await;
-                        match write.status {
-                            200 => {
-                                ok += 1;
-                                break;
-                            }
-                            409 => conflicts += 1,
-                            _ => panic!("client {id}: {write:?}"),
-                        }
-                    }
-                }
-                (ok, conflicts)
-            })
-        })
-        .collect();
-    let (mut successes, mut conflicts) = (0, 0);
-    for t in tasks {
-        let (ok, c) = t.await.unwrap();
-        successes += ok;
-        conflicts += c;
-    }
+    let (successes, conflicts) = counter_clients(&urls, CLIENTS, INCREMENTS, 300).await;
     assert_eq!(successes, CLIENTS as u64 * INCREMENTS);
     assert!(
         conflicts > 0,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, Backend, Client, Lockstep};
 use serde_json::json;
-use versioned_support::{assert_conflict, read_version, received, seed};
+use versioned_support::{assert_conflict, counter_clients, read_version, received, seed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_writers_with_the_same_version_exactly_one_reaches_the_backend() {
@@ -217,61 +217,13 @@ async fn no_update_is_lost_under_16_concurrent_read_modify_write_clients() {
     assert_eq!(created.status, 200, "{created:?}");
     assert_eq!(created.etag().as_deref(), Some("\"2\""));
 
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|id| {
-            let client = client.clone();
-            let url = url.clone();
-            tokio::spawn(async move {
-                let (mut ok, mut conflicts) = (0u64, 0u64);
-                for _ in 0..INCREMENTS {
-                    let mut tries = 0;
-                    loop {
-                        tries += 1;
-                        assert!(
-                            tries <= MAX_TRIES,
-                            "client {id}: no increment after {MAX_TRIES} tries"
-                        );
-                        let read = client.get(&url).send().await;
-                        assert_eq!(read.status, 200, "client {id}: {read:?}");
-                        let version = read.etag_version().expect("a read carries its version");
-                        let n = read.json()["n"].as_u64().expect("the counter");
-                        let write = client
-                            .patch(&url, json!({"n": n + 1}))
-                            .if_match(version)
-                            .send()
-                            .await;
-                        match write.status {
-                            200 => {
-                                assert_eq!(
-                                    write.etag_version(),
-                                    Some(version + 1),
-                                    "client {id}: {write:?}"
-                                );
-                                ok += 1;
-                                break;
-                            }
-                            409 => {
-                                conflicts += 1;
-                                let current = write.json()["current_version"]
-                                    .as_u64()
-                                    .expect("current_version");
-                                assert!(current > version, "client {id}: {write:?}");
-                            }
-                            _ => panic!("client {id}: unexpected answer {write:?}"),
-                        }
-                    }
-                }
-                (ok, conflicts)
-            })
-        })
-        .collect();
-
-    let (mut successes, mut conflicts) = (0, 0);
-    for task in tasks {
-        let (ok, conflicted) = task.await.unwrap();
-        successes += ok;
-        conflicts += conflicted;
-    }
+    let (successes, conflicts) = counter_clients(
+        std::slice::from_ref(&url),
+        CLIENTS as usize,
+        INCREMENTS,
+        MAX_TRIES,
+    )
+    .await;
 
     assert_eq!(successes, CLIENTS * INCREMENTS);
     assert!(

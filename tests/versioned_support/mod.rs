@@ -162,3 +162,72 @@ pub async fn seed(backend: &Backend, path: &str, value: Value) {
     backend.seed(path, value).await;
     backend.clear_log().await;
 }
+
+/// `clients` concurrent clients, client `i` on `urls[i % urls.len()]`, each
+/// doing GET → `n + 1` → PATCH with `If-Match` → retry on 409 until it has
+/// made `increments` increments (at most `max_tries` attempts each). Every
+/// 200 must carry the next version and every 409 a newer one. Returns
+/// (successful PATCHes, conflicts).
+pub async fn counter_clients(
+    urls: &[String],
+    clients: usize,
+    increments: u64,
+    max_tries: u64,
+) -> (u64, u64) {
+    let client = Client::new();
+    let tasks: Vec<_> = (0..clients)
+        .map(|id| {
+            let client = client.clone();
+            let url = urls[id % urls.len()].clone();
+            tokio::spawn(async move {
+                let (mut ok, mut conflicts) = (0u64, 0u64);
+                for _ in 0..increments {
+                    let mut tries = 0;
+                    loop {
+                        tries += 1;
+                        assert!(
+                            tries <= max_tries,
+                            "client {id}: no increment after {max_tries} tries"
+                        );
+                        let read = client.get(&url).send().await;
+                        assert_eq!(read.status, 200, "client {id}: {read:?}");
+                        let version = read.etag_version().expect("a read carries its version");
+                        let n = read.json()["n"].as_u64().expect("the counter");
+                        let write = client
+                            .patch(&url, json!({"n": n + 1}))
+                            .if_match(version)
+                            .send()
+                            .await;
+                        match write.status {
+                            200 => {
+                                assert_eq!(
+                                    write.etag_version(),
+                                    Some(version + 1),
+                                    "client {id}: {write:?}"
+                                );
+                                ok += 1;
+                                break;
+                            }
+                            409 => {
+                                conflicts += 1;
+                                let current = write.json()["current_version"]
+                                    .as_u64()
+                                    .expect("current_version");
+                                assert!(current > version, "client {id}: {write:?}");
+                            }
+                            _ => panic!("client {id}: unexpected answer {write:?}"),
+                        }
+                    }
+                }
+                (ok, conflicts)
+            })
+        })
+        .collect();
+    let (mut successes, mut conflicts) = (0, 0);
+    for task in tasks {
+        let (ok, conflicted) = task.await.unwrap();
+        successes += ok;
+        conflicts += conflicted;
+    }
+    (successes, conflicts)
+}
