@@ -113,6 +113,15 @@ impl ResourceMap {
         if self.patterns.is_empty() {
             return Ok(Route::Unversioned);
         }
+        // Most paths are already canonical, so normalising would give them
+        // back unchanged: match them as they are, and let only a path that
+        // some pattern wants pay for building its key.
+        if is_canonical(raw_path)
+            && self.items.at(raw_path).is_err()
+            && self.collections.at(raw_path).is_err()
+        {
+            return Ok(Route::Unversioned);
+        }
         let segments = match normalise(raw_path) {
             Ok(s) => s,
             // A path we cannot even decode can only be versioned if some
@@ -184,13 +193,39 @@ pub fn normalise(raw_path: &str) -> Result<Vec<String>, PathError> {
 
 /// `Some(1)` for `.`, `Some(2)` for `..` (either possibly as `%2E`).
 fn dot_segment(raw: &str) -> Option<usize> {
-    let lower = raw.to_ascii_lowercase();
-    let dots = lower.replace("%2e", ".");
-    match dots.as_str() {
-        "." => Some(1),
-        ".." => Some(2),
-        _ => None,
+    let mut rest = raw.as_bytes();
+    let mut dots = 0;
+    while !rest.is_empty() && dots < 3 {
+        rest = match rest {
+            [b'.', tail @ ..] => tail,
+            [b'%', b'2', b'e' | b'E', tail @ ..] => tail,
+            _ => return None,
+        };
+        dots += 1;
     }
+    matches!(dots, 1 | 2)
+        .then_some(dots)
+        .filter(|_| rest.is_empty())
+}
+
+/// Whether `normalise` then `encode_path` would give `raw_path` back as it
+/// is: absolute, only unreserved characters (RFC 3986 §2.3), no empty,
+/// `.` or `..` segment, no trailing slash. Pure, allocates nothing.
+fn is_canonical(raw_path: &str) -> bool {
+    if raw_path == "/" {
+        return true;
+    }
+    let Some(rest) = raw_path.strip_prefix('/') else {
+        return false;
+    };
+    rest.split('/').all(|seg| {
+        !seg.is_empty()
+            && seg != "."
+            && seg != ".."
+            && seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+    })
 }
 
 /// Re-encodes decoded segments into a canonical absolute path.
@@ -332,6 +367,59 @@ mod tests {
         ] {
             assert_eq!(m.classify(p).unwrap(), Route::Unversioned, "{p}");
         }
+    }
+
+    #[test]
+    fn dot_segments_in_any_spelling() {
+        for (raw, want) in [
+            (".", Some(1)),
+            ("%2e", Some(1)),
+            ("%2E", Some(1)),
+            ("..", Some(2)),
+            (".%2E", Some(2)),
+            ("%2e.", Some(2)),
+            ("%2E%2e", Some(2)),
+            ("...", None),
+            ("%2e%2e%2e", None),
+            (".a", None),
+            ("a.", None),
+            ("%2", None),
+            (".%2", None),
+            ("%2f", None),
+            ("", None),
+        ] {
+            assert_eq!(dot_segment(raw), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn canonical_paths_are_their_own_match_path() {
+        for p in ["/", "/a", "/articles/42", "/a.b/c-d/e_f/~g", "/x/..y"] {
+            assert!(is_canonical(p), "{p}");
+            assert_eq!(encode_path(&normalise(p).unwrap()), p, "{p}");
+        }
+        for p in [
+            "", "a", "//", "/a/", "/a//b", "/./a", "/a/..", "/a%2Fb", "/a:b", "/é", "/a b",
+        ] {
+            assert!(!is_canonical(p), "{p}");
+        }
+        // The fast path and the full one agree on what they both see.
+        let m = map();
+        assert_eq!(
+            m.classify("/articles/42").unwrap(),
+            item("articles/42", "/articles/42")
+        );
+        assert_eq!(
+            m.classify("/articles/./42").unwrap(),
+            item("articles/42", "/articles/42")
+        );
+        assert_eq!(
+            m.classify("/articles").unwrap(),
+            Route::Collection {
+                path: "/articles".into()
+            }
+        );
+        assert_eq!(m.classify("/articles/42/x").unwrap(), Route::Unversioned);
     }
 
     #[test]
