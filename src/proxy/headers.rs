@@ -4,40 +4,57 @@
 //! `Upgrade`), and the `X-Forwarded-*` headers tell the backend who really
 //! called.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOPS: usize = 7;
+static HOP_BY_HOP: [HeaderName; HOPS] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Removes hop-by-hop headers, including those listed in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass over the names present is cheaper
-    // than looking each of the seven up (a profile showed the lookups).
-    // `Connection` is one of them, so the headers it names are covered.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+    // One pass over the names present, noting which of the seven occur:
+    // most messages carry none, or only `Connection: keep-alive`, and
+    // removing just those is cheaper than looking each of the seven up.
+    let mut present = [false; HOPS];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if present == [false; HOPS] {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
+    // `Connection` is the first of the seven. The tokens it lists that are
+    // hop-by-hop anyway (`keep-alive`) need no second removal.
+    let named: Vec<HeaderName> = if present[0] {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .filter(|name| !HOP_BY_HOP.contains(name))
+            .collect()
+    } else {
+        Vec::new()
+    };
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    for (name, present) in HOP_BY_HOP.iter().zip(present) {
+        if present {
+            headers.remove(name);
+        }
     }
 }
 
@@ -50,18 +67,14 @@ pub fn add_forwarded(
     authority: Option<&str>,
 ) {
     let xff = HeaderName::from_static("x-forwarded-for");
-    let prior: Vec<String> = headers
-        .get_all(&xff)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::to_string)
-        .collect();
-    let mut value = prior.join(", ");
-    if !value.is_empty() {
+    let mut value = String::new();
+    for prior in headers.get_all(&xff).iter().filter_map(|v| v.to_str().ok()) {
+        value.push_str(prior);
         value.push_str(", ");
     }
-    value.push_str(&client.to_string());
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    // `Display` into the string: no second buffer for the address.
+    let _ = write!(value, "{client}");
+    if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(xff, v);
     }
     headers.insert(
@@ -95,6 +108,46 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn only_connection_keep_alive_is_the_common_case() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive".parse().unwrap());
+        h.insert("content-type", "application/json".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("content-type"));
+        let mut h = HeaderMap::new();
+        h.insert("proxy-connection", "close".parse().unwrap());
+        h.append("te", "trailers".parse().unwrap());
+        h.append("te", "gzip".parse().unwrap());
+        h.insert("trailer", "x-sum".parse().unwrap());
+        h.insert("x-keep", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn forwarded_for_lists_every_prior_hop() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        h.append("x-forwarded-for", "10.0.0.2, 10.0.0.3".parse().unwrap());
+        add_forwarded(
+            &mut h,
+            "::1".parse().unwrap(),
+            "https",
+            Some("api.example:8443"),
+        );
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 10.0.0.3, ::1");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-host"], "api.example:8443");
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, "192.0.2.7".parse().unwrap(), "http", None);
+        assert_eq!(h["x-forwarded-for"], "192.0.2.7");
+        assert!(!h.contains_key("x-forwarded-host"));
     }
 
     #[test]
