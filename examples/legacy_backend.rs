@@ -45,6 +45,9 @@
 //! * `X-Backend-Apply-Then-Status: N`: apply the write, then answer N (for a
 //!   2xx N with the normal body, otherwise with `{"error":"forced"}`).
 //! * `X-Backend-No-Location: 1`: a `POST` answers 201 without `Location`.
+//! * `X-Backend-Close-After-Ms: N`: answer as usual (keep-alive), then close
+//!   the connection N ms later without a word, as a backend whose
+//!   keep-alive timeout runs out does.
 //!
 //! # Test helpers
 //!
@@ -53,7 +56,8 @@
 //! * `/mirror` (any method): streams the request body back, chunk by chunk.
 //! * `GET /bytes/{n}`: n bytes of `x` (n ≤ 1 GiB), chunked, no Content-Length.
 //! * `GET /_backend/log`, `DELETE /_backend/log`: every request received
-//!   (method, path, query, version, headers, body_len, body truncated to 64 KiB).
+//!   (method, path, query, version, headers, body_len, body truncated to 64 KiB,
+//!   and `connection`: the number of the TCP connection it came on, from 1).
 //! * `GET /_backend/store`: the whole store as a JSON object, path → value.
 
 use std::collections::{BTreeMap, HashMap};
@@ -61,6 +65,7 @@ use std::convert::Infallible;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -78,6 +83,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 
 type RespBody = BoxBody<Bytes, io::Error>;
 
@@ -114,6 +120,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let state = Arc::new(Shared::default());
+    let connections = AtomicU64::new(0);
     loop {
         let (stream, _peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -128,23 +135,73 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         let tls = tls.clone();
+        let conn = Arc::new(Conn {
+            id: connections.fetch_add(1, Ordering::Relaxed) + 1,
+            close: Notify::new(),
+        });
         tokio::spawn(async move {
-            let service = service_fn(move |req| handle(Arc::clone(&state), req));
-            // Errors here are clients going away or the deliberate
-            // `X-Backend-Reset`; neither is worth reporting.
-            let http = http1::Builder::new().keep_alive(true).clone();
+            let service = {
+                let conn = Arc::clone(&conn);
+                service_fn(move |req| handle_on(Arc::clone(&state), Arc::clone(&conn), req))
+            };
             match tls {
-                None => {
-                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
-                }
+                None => serve(TokioIo::new(stream), service, &conn).await,
                 Some(acceptor) => {
                     if let Ok(stream) = acceptor.accept(stream).await {
-                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        serve(TokioIo::new(stream), service, &conn).await;
                     }
                 }
             }
         });
     }
+}
+
+/// One accepted connection: its number, and the signal that closes it
+/// (`X-Backend-Close-After-Ms`).
+struct Conn {
+    id: u64,
+    close: Notify,
+}
+
+/// Serves one connection until the client leaves or `conn.close` fires;
+/// then a graceful shutdown lets an answer being written finish and closes
+/// an idle connection without a word.
+async fn serve<I, S>(io: I, service: S, conn: &Conn)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = RespBody>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let http = http1::Builder::new().keep_alive(true).clone();
+    let served = http.serve_connection(io, service);
+    tokio::pin!(served);
+    // Errors here are clients going away or the deliberate
+    // `X-Backend-Reset`; neither is worth reporting.
+    tokio::select! {
+        _ = served.as_mut() => {}
+        () = conn.close.notified() => {
+            served.as_mut().graceful_shutdown();
+            let _ = served.await;
+        }
+    }
+}
+
+/// [`handle`], then the close a request asked for.
+async fn handle_on(
+    shared: Arc<Shared>,
+    conn: Arc<Conn>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, ResetConnection> {
+    let close_after =
+        header_str(req.headers(), "x-backend-close-after-ms").and_then(|v| v.parse::<u64>().ok());
+    let resp = handle(shared, conn.id, req).await;
+    if let Some(ms) = close_after {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            conn.close.notify_one();
+        });
+    }
+    resp
 }
 
 struct Args {
@@ -251,6 +308,7 @@ impl std::error::Error for ResetConnection {}
 
 async fn handle(
     shared: Arc<Shared>,
+    connection: u64,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ResetConnection> {
     let (parts, body) = req.into_parts();
@@ -262,7 +320,7 @@ async fn handle(
 
     if path == "/mirror" {
         // Streamed straight back, so the log records no body.
-        shared.lock().log.push(log_entry(&parts, None));
+        shared.lock().log.push(log_entry(&parts, None, connection));
         if let Some(forced) = before_handling(&parts).await? {
             return Ok(forced);
         }
@@ -285,7 +343,10 @@ async fn handle(
         // The client broke off mid-body; nothing sensible to answer.
         Err(_) => return Err(ResetConnection),
     };
-    shared.lock().log.push(log_entry(&parts, Some(&body)));
+    shared
+        .lock()
+        .log
+        .push(log_entry(&parts, Some(&body), connection));
 
     if let Some(forced) = before_handling(&parts).await? {
         return Ok(forced);
@@ -536,7 +597,7 @@ fn echo(parts: &Parts, body: &Bytes) -> Value {
     })
 }
 
-fn log_entry(parts: &Parts, body: Option<&Bytes>) -> Value {
+fn log_entry(parts: &Parts, body: Option<&Bytes>, connection: u64) -> Value {
     let (body_len, body_text) = match body {
         Some(body) => (
             Value::from(body.len()),
@@ -552,6 +613,7 @@ fn log_entry(parts: &Parts, body: Option<&Bytes>) -> Value {
         "headers": headers_json(&parts.headers),
         "body_len": body_len,
         "body": body_text,
+        "connection": connection,
     })
 }
 

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{raw_http1_with_timeouts, raw_status, Backend, Client, Lockstep};
+use common::{raw_http1, raw_http1_with_timeouts, raw_status, Backend, Client, Lockstep};
 use http::{Method, Request, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
@@ -296,6 +296,116 @@ async fn forwarded_headers_are_set_and_host_is_kept() {
         headers["x-forwarded-host"],
         json!(["api.example:8443"]),
         "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_without_host_reaches_the_backend_with_the_backends_host() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    // HTTP/1.0 allows a request without Host; the backend still gets one.
+    let raw = raw_http1(lockstep.proxy_addr(), "GET /echo HTTP/1.0\r\n\r\n").await;
+    assert!(
+        raw.starts_with("HTTP/1.0 200") || raw.starts_with("HTTP/1.1 200"),
+        "{raw}"
+    );
+    let report: Value = serde_json::from_str(raw.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(
+        report["headers"]["host"],
+        json!([backend.addr().to_string()]),
+        "{report}"
+    );
+}
+
+/// The backend connection numbers of the requests it logged for `path`.
+async fn connections_for(backend: &Backend, path: &str) -> Vec<u64> {
+    backend
+        .log_for(path)
+        .await
+        .iter()
+        .map(|e| e["connection"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused_across_requests_and_clients() {
+    let backend = Backend::start();
+    // One worker: one pool, so every request can reuse the same connection.
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("workers = 1")
+        .start();
+    seed(&backend, "/articles/pooled", json!({"n": 0})).await;
+    // Fresh client connections each time: reuse is lockstep's doing.
+    let client = Client::unpooled();
+    for i in 0..10 {
+        let resp = client
+            .get(lockstep.proxy_url_for("/echo/pooled"))
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "{resp:?}");
+        let resp = client
+            .patch(lockstep.proxy_url_for("/articles/pooled"), json!({"n": i}))
+            .header("if-match", format!("\"{}\"", i + 1))
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "{resp:?}");
+    }
+    let mut seen = connections_for(&backend, "/echo/pooled").await;
+    seen.extend(connections_for(&backend, "/articles/pooled").await);
+    assert_eq!(seen.len(), 20);
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        1,
+        "20 sequential requests used connections {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_backend_closed_while_idle_is_never_used_again() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("workers = 1")
+        .start();
+    seed(&backend, "/articles/idle", json!({"n": 0})).await;
+    let client = Client::new();
+    for round in 0..3u64 {
+        // The backend answers with keep-alive, then drops the connection
+        // as its idle timeout would.
+        let resp = client
+            .get(lockstep.proxy_url_for("/echo/idle"))
+            .header("x-backend-close-after-ms", "20")
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "{resp:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // A write must not be lost to the dead connection: it is sent on a
+        // new one and lands once.
+        let resp = client
+            .patch(
+                lockstep.proxy_url_for("/articles/idle"),
+                json!({"n": round}),
+            )
+            .header("if-match", format!("\"{}\"", round + 1))
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "round {round}: {resp:?}");
+        assert_eq!(resp.header("etag"), Some(format!("\"{}\"", round + 2)));
+    }
+    let echo = connections_for(&backend, "/echo/idle").await;
+    let writes = connections_for(&backend, "/articles/idle").await;
+    assert_eq!(writes.len(), 3, "each write reached the backend once");
+    for (e, w) in echo.iter().zip(&writes) {
+        assert!(
+            w > e,
+            "a write went out on closed connection {e}: {echo:?} {writes:?}"
+        );
+    }
+    assert_eq!(
+        backend.stored("/articles/idle").await,
+        Some(json!({"n": 2}))
     );
 }
 

@@ -1,4 +1,4 @@
-//! Forwarding to the backend: one pooled HTTP/1.1 client, the hop-by-hop
+//! Forwarding to the backend: a pool of HTTP/1.1 connections, the hop-by-hop
 //! rules, and a classification of failures that the versioning wing needs to
 //! decide whether a write may have happened.
 //!
@@ -8,6 +8,9 @@
 //! the version must move on).
 
 pub mod headers;
+mod pool;
+
+pub use pool::PooledBody;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -15,13 +18,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::Body;
 use crate::error::Error;
@@ -39,12 +39,16 @@ pub struct UpstreamSettings {
     pub tls: rustls::ClientConfig,
 }
 
+/// How connections to the backend are opened.
+type Connector = BoundedConnect<HttpsConnector<HttpConnector>>;
+
 /// The client side of the proxy: where requests go and how.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<BoundedConnect<HttpsConnector<HttpConnector>>, Body>,
-    scheme: Scheme,
-    authority: Authority,
+    pool: pool::Pool,
+    /// `Host` for a request that came without one (HTTP/1.0): the
+    /// backend's authority, without the scheme's default port.
+    host: Option<HeaderValue>,
     request_timeout: Duration,
     metrics: UpstreamMetrics,
 }
@@ -148,22 +152,33 @@ impl Upstream {
                 .wrap_connector(connector),
             timeout: settings.connect_timeout,
         };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(settings.pool_idle_timeout)
-            .pool_max_idle_per_host(settings.pool_max_idle_per_host)
-            .build(connector);
         let scheme = settings.url.scheme().cloned().unwrap_or(Scheme::HTTP);
-        let authority = settings
-            .url
-            .authority()
-            .cloned()
-            .unwrap_or_else(|| Authority::from_static("127.0.0.1:3000"));
+        let target = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(
+                settings
+                    .url
+                    .authority()
+                    .map_or("127.0.0.1:3000", |a| a.as_str()),
+            )
+            .path_and_query("/")
+            .build()
+            .unwrap_or_else(|_| Uri::from_static("http://127.0.0.1:3000/"));
+        let host = target.host().and_then(|h| {
+            let default = if scheme == Scheme::HTTPS { 443 } else { 80 };
+            match target.port_u16() {
+                Some(p) if p != default => HeaderValue::try_from(format!("{h}:{p}")).ok(),
+                _ => HeaderValue::from_str(h).ok(),
+            }
+        });
         Self {
-            client,
-            scheme,
-            authority,
+            pool: pool::Pool::new(
+                connector,
+                target,
+                settings.pool_max_idle_per_host,
+                settings.pool_idle_timeout,
+            ),
+            host,
             request_timeout: settings.request_timeout,
             metrics,
         }
@@ -173,22 +188,16 @@ impl Upstream {
         self.request_timeout
     }
 
-    /// Rewrites `req` for the backend: its URI points at the upstream with
-    /// `path_and_query`, hop-by-hop headers are gone, `X-Forwarded-*` set.
+    /// Rewrites `req` for the backend: its URI is `path_and_query` (origin
+    /// form), hop-by-hop headers are gone, `X-Forwarded-*` and `Host` set.
     pub fn prepare(
         &self,
         req: &mut Request<Body>,
         path_and_query: PathAndQuery,
         inbound: Inbound<'_>,
-    ) -> Result<(), Error> {
+    ) {
         let authority = req.uri().authority().map(|a| a.as_str().to_string());
-        let uri = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(|e| Error::InvalidRequest(format!("cannot build the upstream URI: {e}")))?;
-        *req.uri_mut() = uri;
+        *req.uri_mut() = Uri::from(path_and_query);
         *req.version_mut() = Version::HTTP_11;
         let headers = req.headers_mut();
         headers::strip_hop_by_hop(headers);
@@ -199,28 +208,27 @@ impl Upstream {
             authority.as_deref(),
         );
         if !headers.contains_key(http::header::HOST) {
-            if let Some(a) = authority {
-                if let Ok(v) = http::HeaderValue::from_str(&a) {
-                    headers.insert(http::header::HOST, v);
-                }
+            // HTTP/2 names the host in the URI; HTTP/1.0 may not name it.
+            let host = authority
+                .and_then(|a| HeaderValue::try_from(a).ok())
+                .or_else(|| self.host.clone());
+            if let Some(host) = host {
+                headers.insert(http::header::HOST, host);
             }
         }
-        Ok(())
     }
 
     /// Sends a prepared request and waits for the response head, at most the
     /// request timeout.
-    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, ForwardError> {
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
         let started = Instant::now();
-        let response = tokio::time::timeout(self.request_timeout, self.client.request(req));
-        let result = match response.await {
+        let result = match tokio::time::timeout(self.request_timeout, self.pool.send(req)).await {
             Err(_) => Err(ForwardError::Timeout),
             Ok(Ok(mut resp)) => {
                 headers::strip_hop_by_hop(resp.headers_mut());
                 Ok(resp)
             }
-            Ok(Err(e)) if e.is_connect() => Err(ForwardError::NotSent(crate::error::chain(&e))),
-            Ok(Err(e)) => Err(ForwardError::Failed(crate::error::chain(&e))),
+            Ok(Err(e)) => Err(e),
         };
         match &result {
             Ok(_) => self.metrics.responded(started.elapsed()),
@@ -239,7 +247,7 @@ impl Upstream {
     /// problem type of the failure.
     pub async fn passthrough(
         &self,
-        req: Request<Incoming>,
+        req: Request<hyper::body::Incoming>,
         inbound: Inbound<'_>,
     ) -> (Response<Body>, &'static str) {
         let pq = req
@@ -248,9 +256,7 @@ impl Upstream {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut fwd = req.map(crate::body::boxed);
-        if let Err(e) = self.prepare(&mut fwd, pq, inbound) {
-            return failure(&e);
-        }
+        self.prepare(&mut fwd, pq, inbound);
         match self.send(fwd).await {
             Ok(resp) => (resp.map(crate::body::boxed), "proxied"),
             Err(e) => {

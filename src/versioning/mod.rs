@@ -42,7 +42,7 @@ use crate::body::{self, Body, Buffered};
 use crate::error::{Error, Result};
 use crate::metrics::{ConflictReason, RequestKind, UnknownOutcome, VersionMetrics};
 use crate::problem;
-use crate::proxy::{ForwardError, Inbound, Upstream};
+use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
 use crate::resources::{ResourceMap, Route};
 use crate::store::wake::Topic;
 use crate::store::{Lease, Store};
@@ -199,9 +199,7 @@ impl Versioning {
             }
         }
         let mut fwd = Request::from_parts(parts, body::boxed(body));
-        self.upstream
-            .prepare(&mut fwd, pq, inbound)
-            .map_err(|e| (e, version))?;
+        self.upstream.prepare(&mut fwd, pq, inbound);
         let resp = self
             .upstream
             .send(fwd)
@@ -272,9 +270,7 @@ impl Versioning {
             HeaderValue::from(forward_body.len()),
         );
         let mut fwd = Request::from_parts(parts, body::full(forward_body));
-        self.upstream
-            .prepare(&mut fwd, pq, inbound)
-            .map_err(|e| (e, None))?;
+        self.upstream.prepare(&mut fwd, pq, inbound);
 
         // claim → forward → commit/abort → stamp, in a task of its own so a
         // client hanging up cannot strand the lease.
@@ -455,9 +451,7 @@ impl Versioning {
         Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
     ) {
         let mut fwd = req.map(body::boxed);
-        if let Err(e) = self.upstream.prepare(&mut fwd, pq, inbound) {
-            return (None, Err((e, None)));
-        }
+        self.upstream.prepare(&mut fwd, pq, inbound);
         let resp = match self.upstream.send(fwd).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -554,7 +548,7 @@ impl Versioning {
     /// version field; fixes `Content-Length`.
     async fn stamp(
         &self,
-        resp: Response<Incoming>,
+        resp: Response<PooledBody>,
         version: i64,
         head: bool,
     ) -> Result<Response<Body>> {
@@ -614,7 +608,7 @@ impl Versioning {
         Response::from_parts(parts, body)
     }
 
-    async fn buffer_response(&self, incoming: Incoming) -> Result<Buffered> {
+    async fn buffer_response(&self, incoming: PooledBody) -> Result<Buffered> {
         let limit = self.settings.max_body_bytes;
         match tokio::time::timeout(
             self.upstream.request_timeout(),
@@ -665,7 +659,7 @@ fn set_etag(headers: &mut HeaderMap, version: i64) {
 }
 
 /// The backend's response, streamed on (bodyless for HEAD).
-fn passthrough_response(resp: Response<Incoming>, head: bool) -> Response<Body> {
+fn passthrough_response(resp: Response<PooledBody>, head: bool) -> Response<Body> {
     let (parts, incoming) = resp.into_parts();
     let body = if head {
         body::empty()
@@ -677,7 +671,7 @@ fn passthrough_response(resp: Response<Incoming>, head: bool) -> Response<Body> 
 
 /// 304 for a matching `If-None-Match`: validators and caching headers of
 /// the 200 it stands for, no body (RFC 9110 §15.4.5).
-fn not_modified(resp: Response<Incoming>, version: i64) -> Response<Body> {
+fn not_modified(resp: Response<PooledBody>, version: i64) -> Response<Body> {
     let mut out = Response::new(body::empty());
     *out.status_mut() = StatusCode::NOT_MODIFIED;
     for name in [
