@@ -59,6 +59,8 @@
 //!   (method, path, query, version, headers, body_len, body truncated to 64 KiB,
 //!   and `connection`: the number of the TCP connection it came on, from 1).
 //! * `GET /_backend/store`: the whole store as a JSON object, path → value.
+//! * `GET /_backend/connections`: `{"open": n}`, the client connections open
+//!   now, not counting the one asking.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -139,7 +141,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             id: connections.fetch_add(1, Ordering::Relaxed) + 1,
             close: Notify::new(),
         });
+        state.open.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
+            let _open = OpenConnection(Arc::clone(&state));
             let service = {
                 let conn = Arc::clone(&conn);
                 service_fn(move |req| handle_on(Arc::clone(&state), Arc::clone(&conn), req))
@@ -153,6 +157,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         });
+    }
+}
+
+/// Counts a connection as open until it is dropped.
+struct OpenConnection(Arc<Shared>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -261,6 +274,8 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
+    /// Client connections open now.
+    open: AtomicU64,
 }
 
 impl Shared {
@@ -571,6 +586,10 @@ fn introspect(shared: &Shared, method: &Method, path: &str) -> Response<RespBody
             let mut resp = Response::new(empty());
             *resp.status_mut() = StatusCode::NO_CONTENT;
             resp
+        }
+        (&Method::GET, "/_backend/connections") => {
+            let open = shared.open.load(Ordering::Relaxed).saturating_sub(1);
+            json_response(StatusCode::OK, &json!({ "open": open }))
         }
         (&Method::GET, "/_backend/store") => {
             let store: Map<String, Value> = shared

@@ -363,6 +363,35 @@ async fn upstream_connections_are_reused_across_requests_and_clients() {
 }
 
 #[tokio::test]
+async fn idle_upstream_connections_are_closed_after_pool_idle_timeout_ms() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("workers = 1")
+        .upstream_toml("pool_idle_timeout_ms = 300")
+        .start();
+    let client = Client::unpooled();
+    let resp = client.get(lockstep.proxy_url_for("/echo/a")).send().await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(
+        backend.open_connections().await,
+        1,
+        "lockstep keeps its connection"
+    );
+    // Closed with no request coming to notice: by the pool's own timer.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.open_connections().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle connection is still open after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let resp = client.get(lockstep.proxy_url_for("/echo/b")).send().await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+}
+
+#[tokio::test]
 async fn a_connection_the_backend_closed_while_idle_is_never_used_again() {
     let backend = Backend::start();
     let lockstep = Lockstep::builder()

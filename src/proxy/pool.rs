@@ -16,6 +16,7 @@
 
 use std::future::poll_fn;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -44,7 +45,7 @@ struct Shared {
     max_idle: usize,
     idle_timeout: Duration,
     /// Whether the task that closes expired idle connections runs.
-    reaping: Mutex<bool>,
+    reaping: AtomicBool,
 }
 
 struct Idle {
@@ -64,7 +65,7 @@ impl Pool {
                 idle: Mutex::new(Vec::new()),
                 max_idle,
                 idle_timeout,
-                reaping: Mutex::new(false),
+                reaping: AtomicBool::new(false),
             }),
         }
     }
@@ -173,11 +174,9 @@ impl Shared {
     /// connection, a task that reaps every `idle_timeout`, so an idle
     /// connection is closed on time even when no request comes to notice.
     fn start_reaper(self: &Arc<Self>) {
-        let mut reaping = self.reaping.lock().unwrap_or_else(PoisonError::into_inner);
-        if *reaping {
+        if self.reaping.swap(true, Ordering::Relaxed) {
             return;
         }
-        *reaping = true;
         let pool = Arc::downgrade(self);
         let every = self.idle_timeout.max(Duration::from_millis(100));
         tokio::spawn(async move {

@@ -154,6 +154,16 @@ impl Backend {
 
     /// Every request the backend received (except `/_backend/…`), oldest
     /// first: `{method, path, query, version, headers, body_len, body}`.
+    /// Client connections open at the backend now (the one asking aside).
+    pub async fn open_connections(&self) -> u64 {
+        let resp = Client::unpooled()
+            .get(self.url_for("/_backend/connections"))
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "GET /_backend/connections: {resp:?}");
+        resp.json()["open"].as_u64().unwrap()
+    }
+
     pub async fn log(&self) -> Vec<Value> {
         let resp = Client::new()
             .get(self.url_for("/_backend/log"))
