@@ -77,7 +77,10 @@ impl Pool {
         loop {
             let (mut sender, reused) = match self.shared.take_idle() {
                 Some(sender) => (sender, true),
-                None => (self.connect().await?, false),
+                // Boxed: connecting holds a TCP/TLS stream mid-handshake,
+                // kilobytes that every request's future would otherwise
+                // carry (and copy) though most never connect.
+                None => (Box::pin(self.connect()).await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
