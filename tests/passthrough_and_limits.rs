@@ -13,7 +13,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{raw_http1, raw_http1_with_timeouts, raw_status, Backend, Client, Lockstep};
+use common::{
+    raw_http1, raw_http1_with_timeouts, raw_status, Backend, Client, Lockstep, LockstepBuilder,
+};
 use http::{Method, Request, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
@@ -317,6 +319,14 @@ async fn a_request_without_host_reaches_the_backend_with_the_backends_host() {
     );
 }
 
+/// lockstep with one proxy worker: one upstream pool, so which backend
+/// connection a request used is up to that pool alone.
+fn one_worker_in_front_of(backend: &Backend) -> LockstepBuilder {
+    Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("workers = 1")
+}
+
 /// The backend connection numbers of the requests it logged for `path`.
 async fn connections_for(backend: &Backend, path: &str) -> Vec<u64> {
     backend
@@ -330,11 +340,7 @@ async fn connections_for(backend: &Backend, path: &str) -> Vec<u64> {
 #[tokio::test]
 async fn upstream_connections_are_reused_across_requests_and_clients() {
     let backend = Backend::start();
-    // One worker: one pool, so every request can reuse the same connection.
-    let lockstep = Lockstep::builder()
-        .upstream(backend.url())
-        .server_toml("workers = 1")
-        .start();
+    let lockstep = one_worker_in_front_of(&backend).start();
     seed(&backend, "/articles/pooled", json!({"n": 0})).await;
     // Fresh client connections each time: reuse is lockstep's doing.
     let client = Client::unpooled();
@@ -365,9 +371,7 @@ async fn upstream_connections_are_reused_across_requests_and_clients() {
 #[tokio::test]
 async fn idle_upstream_connections_are_closed_after_pool_idle_timeout_ms() {
     let backend = Backend::start();
-    let lockstep = Lockstep::builder()
-        .upstream(backend.url())
-        .server_toml("workers = 1")
+    let lockstep = one_worker_in_front_of(&backend)
         .upstream_toml("pool_idle_timeout_ms = 300")
         .start();
     let client = Client::unpooled();
@@ -394,10 +398,7 @@ async fn idle_upstream_connections_are_closed_after_pool_idle_timeout_ms() {
 #[tokio::test]
 async fn a_connection_the_backend_closed_while_idle_is_never_used_again() {
     let backend = Backend::start();
-    let lockstep = Lockstep::builder()
-        .upstream(backend.url())
-        .server_toml("workers = 1")
-        .start();
+    let lockstep = one_worker_in_front_of(&backend).start();
     seed(&backend, "/articles/idle", json!({"n": 0})).await;
     let client = Client::new();
     for round in 0..3u64 {
