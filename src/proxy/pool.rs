@@ -53,6 +53,13 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Closed by the backend, or idle for `timeout` or longer.
+    fn is_spent(&self, now: Instant, timeout: Duration) -> bool {
+        self.sender.is_closed() || now.duration_since(self.since) >= timeout
+    }
+}
+
 impl Pool {
     /// A pool that connects to `target` (its scheme and authority) with
     /// `connector`, keeps at most `max_idle` idle connections, and closes
@@ -142,7 +149,7 @@ impl Shared {
         while i > 0 {
             i -= 1;
             let entry = &idle[i];
-            if entry.sender.is_closed() || now.duration_since(entry.since) >= self.idle_timeout {
+            if entry.is_spent(now, self.idle_timeout) {
                 idle.remove(i);
             } else if entry.sender.is_ready() {
                 return Some(idle.remove(i).sender);
@@ -169,8 +176,7 @@ impl Shared {
     /// of a connection closes it.
     fn reap(&self) {
         let now = Instant::now();
-        self.idle()
-            .retain(|e| !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout);
+        self.idle().retain(|e| !e.is_spent(now, self.idle_timeout));
     }
 
     /// Starts, once per pool and on the runtime that opens its first
@@ -231,9 +237,13 @@ impl PooledBody {
     /// does), so the end is noticed there, not only at a final `None`.
     fn give_back_if_done(&mut self) {
         if http_body::Body::is_end_stream(&self.inner) {
-            if let Some(back) = self.back.take() {
-                back.give_back();
-            }
+            self.give_back();
+        }
+    }
+
+    fn give_back(&mut self) {
+        if let Some(back) = self.back.take() {
+            back.give_back();
         }
     }
 }
@@ -249,11 +259,7 @@ impl http_body::Body for PooledBody {
         let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
         match &frame {
             Some(Ok(_)) => self.give_back_if_done(),
-            None => {
-                if let Some(back) = self.back.take() {
-                    back.give_back();
-                }
-            }
+            None => self.give_back(),
             Some(Err(_)) => self.back = None,
         }
         Poll::Ready(frame)
