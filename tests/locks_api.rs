@@ -33,6 +33,7 @@ db_tests!(
     ttl_outside_bounds_or_not_an_integer_is_400,
     bad_owner_or_body_is_400_and_stores_nothing,
     bad_resource_is_400_and_stores_nothing,
+    malformed_percent_escapes_are_400_on_both_listeners,
     edge_case_resources_work,
     a_unicode_owner_can_release_its_lock,
     bad_wait_ms_and_methods_are_rejected,
@@ -694,6 +695,62 @@ async fn bad_resource_is_400_and_stores_nothing(db: DbKind) {
         check_problem(&get(&c, &lock_url(&ls, &near)).await, 404, "not-found");
     }
     assert_eq!(db.lock_rows().await, 0, "bad resources stored a row");
+}
+
+async fn malformed_percent_escapes_are_400_on_both_listeners(db: DbKind) {
+    let db = Db::fresh(db).await;
+    let backend = Backend::start();
+    let ls = db
+        .lockstep()
+        .upstream(backend.url())
+        .locks_toml(r#"proxy_prefix = "/_lockstep""#)
+        .start();
+    let c = Client::new();
+    let malformed = [
+        ("%zz", "job%zz"),
+        ("%4 at the end", "job%4"),
+        ("%4 before a non-hex digit", "job%4g"),
+        ("a lone % at the end", "job%"),
+        ("%% before a good escape", "job%%41"),
+        ("%2 before a slash", "job%2/x"),
+    ];
+    for (what, raw) in malformed {
+        for url in [
+            lock_url(&ls, raw),
+            ls.proxy_url_for(&format!("/_lockstep/locks/{raw}")),
+        ] {
+            let what = format!("{what} ({url})");
+            for r in [
+                acquire(&c, &url, "worker-a", 1000).await,
+                get(&c, &url).await,
+                renew(&c, &url, "worker-a", 1000).await,
+                release(&c, &url, "worker-a").await,
+            ] {
+                let body = check_problem(&r, 400, "invalid-request");
+                assert!(
+                    body["detail"]
+                        .as_str()
+                        .unwrap()
+                        .contains("malformed percent-escape"),
+                    "{what}: {body}"
+                );
+            }
+        }
+    }
+    // Nothing was stored, under the raw name or a leniently decoded one,
+    // and nothing went to the backend.
+    for near in ["job%25zz", "job%254", "job", "jobA", "job%25A"] {
+        check_problem(&get(&c, &lock_url(&ls, near)).await, 404, "not-found");
+    }
+    assert_eq!(db.lock_rows().await, 0, "malformed resources stored a row");
+    assert!(
+        backend.log().await.is_empty(),
+        "a lock call reached the backend"
+    );
+    // A '%' written as %25 is a resource like any other.
+    let url = lock_url(&ls, "100%25-done");
+    let r = acquire(&c, &url, "worker-a", 1000).await;
+    check_record(&r, "100%-done", "worker-a");
 }
 
 async fn edge_case_resources_work(db: DbKind) {

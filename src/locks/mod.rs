@@ -419,12 +419,35 @@ fn lock_response(status: StatusCode, lock: &LockRecord, acquired: Option<bool>) 
 }
 
 /// 1–255 bytes of UTF-8 after percent-decoding, no control characters.
+///
+/// Decoding is strict: a `%` not followed by two hex digits is refused, not
+/// kept as a literal `%` (which is what a lenient decoder does). Otherwise
+/// `a%zz` and `a%25zz` would name one lock, and a client that forgot to
+/// encode a `%` would hold a different lock than it thinks.
 pub fn parse_resource(raw: &str) -> Result<String> {
+    if let Some(at) = malformed_escape(raw) {
+        let shown: String = raw[at..].chars().take(3).collect();
+        return Err(Error::InvalidRequest(format!(
+            "the lock resource has a malformed percent-escape {shown:?} at byte {at}: \
+             '%' must be followed by two hex digits (a literal '%' is written %25)"
+        )));
+    }
     let decoded = percent_decode_str(raw).decode_utf8().map_err(|_| {
         Error::InvalidRequest("the lock resource is not valid percent-encoded UTF-8".into())
     })?;
     check_name("resource", &decoded)?;
     Ok(decoded.into_owned())
+}
+
+/// Where the first `%` that does not start `%XX` (two hex digits) is.
+fn malformed_escape(raw: &str) -> Option<usize> {
+    let bytes = raw.as_bytes();
+    bytes.iter().enumerate().find_map(|(i, &b)| {
+        let escape_ok = bytes
+            .get(i + 1..i + 3)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit));
+        (b == b'%' && !escape_ok).then_some(i)
+    })
 }
 
 fn check_name(what: &str, name: &str) -> Result<()> {
@@ -494,8 +517,13 @@ mod tests {
         assert_eq!(parse_resource("a/b").unwrap(), "a/b");
         assert_eq!(parse_resource("caf%C3%A9").unwrap(), "café");
         assert_eq!(parse_resource(&"x".repeat(255)).unwrap().len(), 255);
+        assert_eq!(parse_resource("100%25").unwrap(), "100%");
         for bad in ["", "%ff", "a%00b", "a%0Ab", &"x".repeat(256)] {
             assert!(parse_resource(bad).is_err(), "{bad:?}");
+        }
+        for malformed in ["%zz", "a%4", "a%4g", "a%", "%%41", "caf%C3%A9%"] {
+            let e = parse_resource(malformed).unwrap_err().to_string();
+            assert!(e.contains("malformed percent-escape"), "{malformed:?}: {e}");
         }
     }
 }
