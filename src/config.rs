@@ -335,6 +335,14 @@ impl Config {
                 "upstream.connect_timeout_ms and upstream.request_timeout_ms must be > 0".into(),
             );
         }
+        if self.upstream.connect_timeout_ms >= self.upstream.request_timeout_ms {
+            return invalid(format!(
+                "upstream.connect_timeout_ms ({}) must be less than upstream.request_timeout_ms ({}): \
+                 a backend that cannot even be connected to within the time a whole request may take \
+                 is down, and should get its 502 sooner",
+                self.upstream.connect_timeout_ms, self.upstream.request_timeout_ms
+            ));
+        }
         let db = &self.database.url;
         if !(db.starts_with("sqlite:")
             || db.starts_with("postgres://")
@@ -591,6 +599,7 @@ mod tests {
             &[
                 ("LOCKSTEP_SERVER__LISTEN", "127.0.0.1:2"),
                 ("LOCKSTEP_VERSIONING__REQUIRE_PRECONDITION", "true"),
+                ("LOCKSTEP_UPSTREAM__CONNECT_TIMEOUT_MS", "500"),
                 ("LOCKSTEP_UPSTREAM__REQUEST_TIMEOUT_MS", "1000"),
                 ("UNRELATED", "x"),
             ],
@@ -637,6 +646,10 @@ mod tests {
     fn impossible_values_are_rejected_with_a_reason() {
         let cases = [
             ("[versioning]\nwrite_lease_ms = 1000\n", "write_lease_ms"),
+            (
+                "[upstream]\nconnect_timeout_ms = 15000\n",
+                "upstream.connect_timeout_ms (15000) must be less than upstream.request_timeout_ms (15000)",
+            ),
             ("[versioning]\nconflict_status = 400\n", "conflict_status"),
             ("[server]\nlisten = \"nope\"\n", "server.listen"),
             ("[upstream]\nurl = \"ftp://x\"\n", "upstream.url"),

@@ -89,6 +89,24 @@ fn check_config_refuses_a_write_lease_not_longer_than_the_upstream_timeout() {
 }
 
 #[test]
+fn check_config_refuses_a_connect_timeout_not_shorter_than_the_request_timeout() {
+    for text in [
+        "[upstream]\nconnect_timeout_ms = 5000\nrequest_timeout_ms = 5000\n",
+        "[upstream]\nconnect_timeout_ms = 6000\nrequest_timeout_ms = 5000\n",
+        // The default request timeout (15000) against a long connect.
+        "[upstream]\nconnect_timeout_ms = 20000\n[versioning]\nwrite_lease_ms = 30000\n",
+    ] {
+        assert_refused(
+            text,
+            &["upstream.connect_timeout_ms", "upstream.request_timeout_ms"],
+        );
+    }
+    let (output, _dir) =
+        check_config_text("[upstream]\nconnect_timeout_ms = 4999\nrequest_timeout_ms = 5000\n");
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+#[test]
 fn check_config_refuses_bad_resource_patterns() {
     assert_refused(
         "[[resources]]\npattern = \"articles/{id}\"\n",
@@ -436,7 +454,7 @@ async fn a_write_cut_off_by_a_killed_lockstep_counts_once_its_lease_runs_out() {
     let config = |b: common::LockstepBuilder| {
         b.upstream(backend.url())
             .database(&database)
-            .upstream_toml("request_timeout_ms = 1000")
+            .upstream_toml("connect_timeout_ms = 500\nrequest_timeout_ms = 1000")
             .versioning_toml("write_lease_ms = 1500\nwrite_wait_ms = 100")
     };
 

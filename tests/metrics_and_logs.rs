@@ -297,7 +297,7 @@ async fn upstream_failures_and_unknown_outcomes_are_counted_by_kind() {
     let mut backend = Backend::start();
     let lockstep = Lockstep::builder()
         .upstream(backend.url())
-        .upstream_toml("request_timeout_ms = 300")
+        .upstream_toml("connect_timeout_ms = 200\nrequest_timeout_ms = 300")
         .versioning_toml("write_lease_ms = 600")
         .start();
     let c = Client::new();

@@ -26,6 +26,7 @@ use rustls::RootCertStore;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
@@ -535,4 +536,63 @@ async fn a_backend_that_stalls_the_tls_handshake_is_a_502_within_the_connect_tim
         );
     }
     held.abort();
+}
+
+/// A TCP relay to `to` that holds each new connection for `delay` before
+/// passing any byte: a TLS handshake through it takes at least `delay`,
+/// requests on a connection already set up are not slowed.
+async fn slow_handshake_relay(to: SocketAddr, delay: Duration) -> (SocketAddr, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let relay = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let mut outbound = TcpStream::connect(to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+        }
+    });
+    (addr, relay)
+}
+
+#[tokio::test]
+async fn time_spent_connecting_does_not_count_against_the_request_timeout() {
+    let pki = Pki::new();
+    let (cert, key, _) = pki.issue("backend");
+    let backend = Backend::start_tls(&cert, &key);
+    // The handshake takes 600 ms, the answer 600 ms more: 1.2 s in all,
+    // against a 1 s request timeout that starts once the connection is up.
+    let (relay, relay_task) =
+        slow_handshake_relay(backend.addr(), Duration::from_millis(600)).await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("https://{relay}"))
+        .upstream_toml(&format!(
+            "ca_file = {}\nconnect_timeout_ms = 900\nrequest_timeout_ms = 1000",
+            toml_path(&pki.ca_file())
+        ))
+        .versioning_toml("write_lease_ms = 5000")
+        .start();
+    let client = common::Client::new();
+    let resp = client
+        .put(lockstep.proxy_url_for("/articles/slow"), json!({"t": 1}))
+        .if_match(1)
+        .header("x-backend-delay-ms", "600")
+        .send()
+        .await;
+    // Not a 504 with the version bumped as an unknown outcome.
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert_eq!(resp.etag_version(), Some(2));
+    let metrics = client
+        .get(lockstep.admin_url_for("/metrics"))
+        .send()
+        .await
+        .text();
+    let unknown: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("lockstep_version_unknown_outcome_bumps_total"))
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert!(unknown.is_empty(), "unknown outcomes counted: {unknown:?}");
+    relay_task.abort();
 }

@@ -480,7 +480,7 @@ async fn upstream_timeout_is_504_bumps_and_keeps_the_key_closed_until_the_lease_
     seed(&backend, "/articles/t", json!({"title": "a"})).await;
     let lockstep = Lockstep::builder()
         .upstream(backend.url())
-        .upstream_toml("request_timeout_ms = 500")
+        .upstream_toml("connect_timeout_ms = 300\nrequest_timeout_ms = 500")
         .versioning_toml("write_lease_ms = 2500\nwrite_wait_ms = 800")
         .start();
     let client = Client::new();
@@ -571,7 +571,7 @@ async fn backend_reset_after_the_request_is_502_bumps_and_closes_the_key() {
     seed(&backend, "/articles/z", json!({"title": "a"})).await;
     let lockstep = Lockstep::builder()
         .upstream(backend.url())
-        .upstream_toml("request_timeout_ms = 1000")
+        .upstream_toml("connect_timeout_ms = 500\nrequest_timeout_ms = 1000")
         .versioning_toml("write_lease_ms = 2000\nwrite_wait_ms = 200")
         .start();
     let client = Client::new();

@@ -86,9 +86,11 @@ impl ForwardError {
 /// bounded by the connect timeout.
 ///
 /// Why: a failure here is reported as a connect error, which means the
-/// request was never sent (502, a write is known not to have happened). A
-/// handshake that stalled would otherwise run into the request timeout and
-/// count as an unknown outcome, bumping a version for nothing.
+/// request was never sent (502, a write is known not to have happened).
+/// `HttpConnector`'s own timeout covers only the TCP connect; a TLS
+/// handshake that stalled would otherwise hold the request until the
+/// client gave up. The request timeout starts only after this (see
+/// `pool::Pool::send`).
 #[derive(Clone)]
 struct BoundedConnect<C> {
     inner: C,
@@ -177,6 +179,7 @@ impl Upstream {
                 target,
                 settings.pool_max_idle_per_host,
                 settings.pool_idle_timeout,
+                settings.request_timeout,
             ),
             host,
             request_timeout: settings.request_timeout,
@@ -218,18 +221,15 @@ impl Upstream {
         }
     }
 
-    /// Sends a prepared request and waits for the response head, at most the
-    /// request timeout.
+    /// Sends a prepared request and waits for the response head: at most
+    /// the connect timeout for a connection, then at most the request
+    /// timeout for the answer.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.request_timeout, self.pool.send(req)).await {
-            Err(_) => Err(ForwardError::Timeout),
-            Ok(Ok(mut resp)) => {
-                headers::strip_hop_by_hop(resp.headers_mut());
-                Ok(resp)
-            }
-            Ok(Err(e)) => Err(e),
-        };
+        let result = self.pool.send(req).await.map(|mut resp| {
+            headers::strip_hop_by_hop(resp.headers_mut());
+            resp
+        });
         match &result {
             Ok(_) => self.metrics.responded(started.elapsed()),
             Err(ForwardError::NotSent(_)) => self.metrics.failed(UpstreamError::Connect),

@@ -44,6 +44,8 @@ struct Shared {
     idle: Mutex<Vec<Idle>>,
     max_idle: usize,
     idle_timeout: Duration,
+    /// How long a sent request may wait for its response head.
+    request_timeout: Duration,
     /// Whether the task that closes expired idle connections runs.
     reaping: AtomicBool,
 }
@@ -62,9 +64,16 @@ impl Idle {
 
 impl Pool {
     /// A pool that connects to `target` (its scheme and authority) with
-    /// `connector`, keeps at most `max_idle` idle connections, and closes
-    /// one left idle for `idle_timeout`.
-    pub fn new(connector: Connector, target: Uri, max_idle: usize, idle_timeout: Duration) -> Self {
+    /// `connector`, keeps at most `max_idle` idle connections, closes one
+    /// left idle for `idle_timeout`, and waits `request_timeout` for the
+    /// response head of a request once it is on its way.
+    pub fn new(
+        connector: Connector,
+        target: Uri,
+        max_idle: usize,
+        idle_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Self {
         Self {
             connector,
             target,
@@ -72,6 +81,7 @@ impl Pool {
                 idle: Mutex::new(Vec::new()),
                 max_idle,
                 idle_timeout,
+                request_timeout,
                 reaping: AtomicBool::new(false),
             }),
         }
@@ -80,6 +90,11 @@ impl Pool {
     /// Sends `req` (origin-form URI) on an idle connection or a new one,
     /// and returns the response head. The connection returns to the pool
     /// when the response body has been read to its end.
+    ///
+    /// The request timeout starts once a connection is in hand: time spent
+    /// connecting (bounded by the connect timeout, a [`ForwardError::NotSent`]
+    /// when it runs out) never eats into it, so a slow connect can never
+    /// turn a write that was not sent into an unknown outcome.
     pub async fn send(&self, mut req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
         loop {
             let (mut sender, reused) = match self.shared.take_idle() {
@@ -89,7 +104,11 @@ impl Pool {
                 // carry (and copy) though most never connect.
                 None => (Box::pin(self.connect()).await?, false),
             };
-            match sender.try_send_request(req).await {
+            let sent =
+                tokio::time::timeout(self.shared.request_timeout, sender.try_send_request(req))
+                    .await
+                    .map_err(|_| ForwardError::Timeout)?;
+            match sent {
                 Ok(resp) => {
                     let back = GiveBack {
                         sender,
