@@ -10,6 +10,18 @@
 //! After binding it prints one line, `LISTENING <ip:port>`, to stdout.
 //! With `--tls-cert FILE --tls-key FILE` (PEM) it serves HTTPS instead.
 //!
+//! Keep-alive, the way real servers do it (all off by default):
+//!
+//! * `--keep-alive-ms N`: a connection idle for N ms (no request being
+//!   answered, no byte read or written) is closed, as Node's
+//!   `server.keepAliveTimeout` (5 s) does.
+//! * `--close-delay-ms L`: that close reaches the client L ms late, as
+//!   across a network: from the moment the backend decides to close, it
+//!   reads nothing more, and the socket closes L ms later (a reset, when a
+//!   request arrived meanwhile). A client that sends in those L ms cannot
+//!   tell its request from one the backend received and dropped.
+//! * `--keep-alive-header S`: every response says `Keep-Alive: timeout=S`.
+//!
 //! # The API it serves
 //!
 //! An in-memory JSON store keyed by path. It knows nothing about versions,
@@ -68,9 +80,9 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
@@ -84,6 +96,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Map, Value};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -98,16 +111,22 @@ const STREAM_CHUNK: usize = 64 * 1024;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let Args { listen, tls } = match parse_args(std::env::args().skip(1)) {
+    let Args {
+        listen,
+        tls,
+        keep_alive,
+    } = match parse_args(std::env::args().skip(1)) {
         Ok(args) => args,
         Err(message) => {
             eprintln!("legacy_backend: {message}");
             eprintln!(
-                "usage: legacy_backend [--listen ADDR] [--tls-cert FILE --tls-key FILE]   (default 127.0.0.1:3000)"
+                "usage: legacy_backend [--listen ADDR] [--tls-cert FILE --tls-key FILE] \
+                 [--keep-alive-ms N [--close-delay-ms L]] [--keep-alive-header S]   (default 127.0.0.1:3000)"
             );
             std::process::exit(2);
         }
     };
+    let keep_alive = Arc::new(keep_alive);
     let tls = match tls {
         Some((cert, key)) => Some(tls_acceptor(&cert, &key)?),
         None => None,
@@ -140,19 +159,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let conn = Arc::new(Conn {
             id: connections.fetch_add(1, Ordering::Relaxed) + 1,
             close: Notify::new(),
+            last_active_ms: AtomicU64::new(now_ms()),
+            answering: AtomicU64::new(0),
         });
         state.open.fetch_add(1, Ordering::Relaxed);
+        let keep_alive = Arc::clone(&keep_alive);
         tokio::spawn(async move {
             let _open = OpenConnection(Arc::clone(&state));
+            let stream = Tracked {
+                inner: stream,
+                conn: Arc::clone(&conn),
+            };
             let service = {
                 let conn = Arc::clone(&conn);
-                service_fn(move |req| handle_on(Arc::clone(&state), Arc::clone(&conn), req))
+                let keep_alive = Arc::clone(&keep_alive);
+                service_fn(move |req| {
+                    handle_on(
+                        Arc::clone(&state),
+                        Arc::clone(&conn),
+                        Arc::clone(&keep_alive),
+                        req,
+                    )
+                })
             };
             match tls {
-                None => serve(TokioIo::new(stream), service, &conn).await,
+                None => serve(TokioIo::new(stream), service, &conn, &keep_alive).await,
                 Some(acceptor) => {
                     if let Ok(stream) = acceptor.accept(stream).await {
-                        serve(TokioIo::new(stream), service, &conn).await;
+                        serve(TokioIo::new(stream), service, &conn, &keep_alive).await;
                     }
                 }
             }
@@ -169,17 +203,36 @@ impl Drop for OpenConnection {
     }
 }
 
-/// One accepted connection: its number, and the signal that closes it
-/// (`X-Backend-Close-After-Ms`).
+/// One accepted connection: its number, the signal that closes it
+/// (`X-Backend-Close-After-Ms`), and what its keep-alive timer watches.
 struct Conn {
     id: u64,
     close: Notify,
+    /// [`now_ms`] when a byte was last read or written.
+    last_active_ms: AtomicU64,
+    /// Requests being answered now (their response head not yet given).
+    answering: AtomicU64,
+}
+
+/// The `--keep-alive-*` and `--close-delay-ms` options.
+#[derive(Default)]
+struct KeepAlive {
+    idle: Option<Duration>,
+    close_delay: Duration,
+    header: Option<HeaderValue>,
+}
+
+/// Milliseconds since the first call.
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// Serves one connection until the client leaves or `conn.close` fires;
 /// then a graceful shutdown lets an answer being written finish and closes
-/// an idle connection without a word.
-async fn serve<I, S>(io: I, service: S, conn: &Conn)
+/// an idle connection without a word. With `--keep-alive-ms`, an idle
+/// connection stops being served and closes `--close-delay-ms` later.
+async fn serve<I, S>(io: I, service: S, conn: &Conn, keep_alive: &KeepAlive)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = RespBody>,
@@ -196,6 +249,105 @@ where
             served.as_mut().graceful_shutdown();
             let _ = served.await;
         }
+        () = idle_for(conn, keep_alive.idle) => {
+            // `served` is polled no more: nothing is read from now on, and
+            // dropping it after the delay closes the socket.
+            tokio::time::sleep(keep_alive.close_delay).await;
+        }
+    }
+}
+
+/// Returns once `conn` has been idle for `limit`; never without a limit.
+async fn idle_for(conn: &Conn, limit: Option<Duration>) {
+    let Some(limit) = limit else {
+        return std::future::pending().await;
+    };
+    let limit_ms = limit.as_millis() as u64;
+    loop {
+        let idle_ms = now_ms().saturating_sub(conn.last_active_ms.load(Ordering::Relaxed));
+        let wait_ms = if conn.answering.load(Ordering::Relaxed) > 0 {
+            limit_ms
+        } else if idle_ms >= limit_ms {
+            return;
+        } else {
+            limit_ms - idle_ms
+        };
+        tokio::time::sleep(Duration::from_millis(wait_ms.max(1))).await;
+    }
+}
+
+/// A stream that notes in its [`Conn`] when a byte last went either way.
+struct Tracked<S> {
+    inner: S,
+    conn: Arc<Conn>,
+}
+
+impl<S> Tracked<S> {
+    fn touch(&self) {
+        self.conn.last_active_ms.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts a request as being answered until dropped.
+struct Answering(Arc<Conn>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answering.fetch_sub(1, Ordering::Relaxed);
+        self.0.last_active_ms.store(now_ms(), Ordering::Relaxed);
     }
 }
 
@@ -203,11 +355,20 @@ where
 async fn handle_on(
     shared: Arc<Shared>,
     conn: Arc<Conn>,
+    keep_alive: Arc<KeepAlive>,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ResetConnection> {
+    conn.answering.fetch_add(1, Ordering::Relaxed);
+    let _answering = Answering(Arc::clone(&conn));
     let close_after =
         header_str(req.headers(), "x-backend-close-after-ms").and_then(|v| v.parse::<u64>().ok());
-    let resp = handle(shared, conn.id, req).await;
+    let mut resp = handle(shared, conn.id, req).await;
+    if let (Ok(resp), Some(value)) = (&mut resp, &keep_alive.header) {
+        resp.headers_mut().insert(
+            http::header::HeaderName::from_static("keep-alive"),
+            value.clone(),
+        );
+    }
     if let Some(ms) = close_after {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -220,6 +381,7 @@ async fn handle_on(
 struct Args {
     listen: SocketAddr,
     tls: Option<(String, String)>,
+    keep_alive: KeepAlive,
 }
 
 /// A TLS acceptor serving the PEM certificate chain and key in the files.
@@ -243,8 +405,21 @@ fn tls_acceptor(
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut listen = String::from("127.0.0.1:3000");
     let (mut cert, mut key) = (None, None);
+    let mut keep_alive = KeepAlive::default();
+    let number = |name: &str, value: Option<String>| -> Result<u64, String> {
+        value
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("{name} needs a whole number"))
+    };
     while let Some(arg) = args.next() {
-        if arg == "--tls-cert" {
+        if arg == "--keep-alive-ms" {
+            keep_alive.idle = Some(Duration::from_millis(number(&arg, args.next())?));
+        } else if arg == "--close-delay-ms" {
+            keep_alive.close_delay = Duration::from_millis(number(&arg, args.next())?);
+        } else if arg == "--keep-alive-header" {
+            let seconds = number(&arg, args.next())?;
+            keep_alive.header = HeaderValue::try_from(format!("timeout={seconds}")).ok();
+        } else if arg == "--tls-cert" {
             cert = Some(args.next().ok_or("--tls-cert needs a file")?);
         } else if arg == "--tls-key" {
             key = Some(args.next().ok_or("--tls-key needs a file")?);
@@ -264,7 +439,11 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let listen = listen
         .parse()
         .map_err(|err| format!("bad --listen address {listen:?}: {err}"))?;
-    Ok(Args { listen, tls })
+    Ok(Args {
+        listen,
+        tls,
+        keep_alive,
+    })
 }
 
 /// State shared by all connections.

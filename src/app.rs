@@ -57,6 +57,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         request_timeout: ms(c.upstream.request_timeout_ms),
         pool_idle_timeout: ms(c.upstream.pool_idle_timeout_ms),
         pool_max_idle_per_host: c.upstream.pool_max_idle_per_host,
+        pool_write_reuse: ms(c.upstream.pool_write_reuse_ms),
         tls: crate::tls::client_config(cfg.upstream_ca.as_deref())?,
     };
     let resources = Arc::new(cfg.resources.clone());

@@ -86,6 +86,12 @@ pub struct UpstreamConfig {
     pub request_timeout_ms: u64,
     pub pool_idle_timeout_ms: u64,
     pub pool_max_idle_per_host: usize,
+    /// A request that is not safe to repeat (any method but GET, HEAD,
+    /// OPTIONS, TRACE) reuses only a connection idle for less than this;
+    /// otherwise it opens a new one. Below every common backend's own
+    /// keep-alive timeout, so the backend never closes a connection under
+    /// a write (which would make its outcome unknown).
+    pub pool_write_reuse_ms: u64,
     /// PEM CA certificates trusted for an `https://` upstream instead of
     /// the system and webpki roots.
     pub ca_file: String,
@@ -99,6 +105,7 @@ impl Default for UpstreamConfig {
             request_timeout_ms: 15_000,
             pool_idle_timeout_ms: 90_000,
             pool_max_idle_per_host: 256,
+            pool_write_reuse_ms: 1_000,
             ca_file: String::new(),
         }
     }

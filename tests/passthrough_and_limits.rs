@@ -439,6 +439,107 @@ async fn a_connection_the_backend_closed_while_idle_is_never_used_again() {
     );
 }
 
+/// The sum of every series of a counter on /metrics (absent: 0).
+async fn counter_total(lockstep: &Lockstep, name: &str) -> f64 {
+    let resp = Client::new()
+        .get(lockstep.admin_url_for("/metrics"))
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    resp.text()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn writes_never_race_a_backend_that_closes_idle_connections() {
+    // Closes a connection after 200 ms idle, and the close reaches lockstep
+    // 30 ms later, as across a network: a request sent in that window is
+    // never read and the connection is reset under it.
+    let backend = Backend::start_with(&["--keep-alive-ms", "200", "--close-delay-ms", "30"]);
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        // That keep-alive is shorter than the default bound, so the bound
+        // goes below it, as the README tells an operator to do.
+        .upstream_toml("pool_write_reuse_ms = 100")
+        .start();
+    const KEYS: u64 = 5;
+    const WRITES: u64 = 44;
+    let mut writers = Vec::new();
+    for key in 0..KEYS {
+        let path = format!("/articles/keep-alive-{key}");
+        seed(&backend, &path, json!({"n": 0})).await;
+        let url = lockstep.proxy_url_for(&path);
+        writers.push(tokio::spawn(async move {
+            let client = Client::new();
+            for i in 0..WRITES {
+                // 150 to 250 ms apart, spread evenly over the writes.
+                let pause = 150 + (i * 37 + key * 53) % 101;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let resp = client
+                    .patch(&url, json!({"n": i + 1}))
+                    .if_match(i + 1)
+                    .send()
+                    .await;
+                assert_eq!(resp.status, 200, "{url} write {i}: {resp:?}");
+                assert_eq!(resp.etag_version(), Some(i + 2), "{url} write {i}");
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let unknown = counter_total(&lockstep, "lockstep_version_unknown_outcome_bumps_total").await;
+    assert_eq!(
+        unknown,
+        0.0,
+        "{} writes, {unknown} unknown outcomes",
+        KEYS * WRITES
+    );
+    for key in 0..KEYS {
+        let path = format!("/articles/keep-alive-{key}");
+        assert_eq!(
+            backend.stored(&path).await,
+            Some(json!({"n": WRITES})),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_backends_keep_alive_timeout_is_honoured() {
+    // Says `Keep-Alive: timeout=1` and means it; its close reaches lockstep
+    // 300 ms late.
+    let backend = Backend::start_with(&[
+        "--keep-alive-header",
+        "1",
+        "--keep-alive-ms",
+        "1000",
+        "--close-delay-ms",
+        "300",
+    ]);
+    let lockstep = one_worker_in_front_of(&backend).start();
+    let client = Client::new();
+    for round in 0..4 {
+        // Reads too: a failure after sending would be a 502.
+        let resp = client.get(lockstep.proxy_url_for("/echo/ka")).send().await;
+        assert_eq!(resp.status, 200, "round {round}: {resp:?}");
+        assert_eq!(
+            resp.header("keep-alive"),
+            None,
+            "hop-by-hop, not for the client"
+        );
+        // Past the backend's timeout, before its close arrives.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let used = connections_for(&backend, "/echo/ka").await;
+    let mut distinct = used.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "connections used: {used:?}");
+}
+
 #[tokio::test]
 async fn hop_by_hop_request_headers_are_not_forwarded() {
     let backend = Backend::start();

@@ -35,6 +35,9 @@ pub struct UpstreamSettings {
     pub request_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// A request that is not safe to repeat reuses only a connection idle
+    /// for less than this.
+    pub pool_write_reuse: Duration,
     /// Trust roots for an `https://` upstream (unused for `http://`).
     pub tls: rustls::ClientConfig,
 }
@@ -179,6 +182,7 @@ impl Upstream {
                 target,
                 settings.pool_max_idle_per_host,
                 settings.pool_idle_timeout,
+                settings.pool_write_reuse,
                 settings.request_timeout,
             ),
             host,

@@ -13,6 +13,30 @@
 //! backend closed it while it sat idle) is retried on another connection,
 //! and a failure before anything was sent is told apart from one after
 //! ([`ForwardError::NotSent`] against [`ForwardError::Failed`]).
+//!
+//! What it adds, because a request sent on a connection the backend closes
+//! at that very moment cannot be told from one the backend received and
+//! then dropped: for a versioned write that is an unknown outcome (version
+//! bumped, key closed for the whole write lease). Backends close idle
+//! keep-alive connections after a few seconds (Node after 5 s), so the
+//! pool keeps out of that race by design rather than by luck:
+//!
+//! * a backend's `Keep-Alive: timeout=N` is honoured: the connection is let
+//!   go a margin before N, so lockstep stops using it before the backend
+//!   closes it;
+//! * a request that is not safe to repeat (any method but GET, HEAD,
+//!   OPTIONS and TRACE) goes out only on a connection that has been idle
+//!   for less than `write_reuse` (`upstream.pool_write_reuse_ms`), a bound
+//!   below every common server's keep-alive timeout; otherwise on a new
+//!   connection, which no idle timeout can close under it;
+//! * right before a reuse, the socket itself is asked whether the backend
+//!   closed it (or sent something unasked), which the connection's own task
+//!   may not have noticed yet.
+//!
+//! "Could not begin to be sent" stays hyper's precise notion: the request
+//! was handed back untouched because the connection was already closed
+//! when its turn came. Only that case is retried; once a byte may have
+//! left, the request is never repeated.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -22,10 +46,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response, Uri};
+use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
 use tower_service::Service;
 
 use super::{Connector, ForwardError};
@@ -44,34 +70,118 @@ struct Shared {
     idle: Mutex<Vec<Idle>>,
     max_idle: usize,
     idle_timeout: Duration,
+    /// A request that is not safe to repeat reuses only a connection idle
+    /// for less than this.
+    write_reuse: Duration,
     /// How long a sent request may wait for its response head.
     request_timeout: Duration,
     /// Whether the task that closes expired idle connections runs.
     reaping: AtomicBool,
 }
 
-struct Idle {
+/// One connection to the backend.
+struct Conn {
     sender: SendRequest<Body>,
+    /// A second handle on the connection's socket, to look at it right
+    /// before a reuse (`None` where the platform has none to offer).
+    socket: Option<std::net::TcpStream>,
+    /// How long it may sit idle, from the backend's `Keep-Alive: timeout`
+    /// less a margin; `None` when the backend did not say.
+    keep_alive: Option<Duration>,
+}
+
+impl Conn {
+    /// Whether the socket is still open with nothing unread on it. Closed
+    /// by the backend (end of stream or reset), or carrying bytes no request
+    /// asked for (a `408` before a close, a TLS close alert), it is not fit
+    /// for a request. Called on an idle connection, whose own task may not
+    /// have seen the close yet; never blocks (the socket is non-blocking).
+    fn socket_is_clean(&self) -> bool {
+        let Some(socket) = &self.socket else {
+            return true;
+        };
+        let mut byte = [0u8; 1];
+        match socket.peek(&mut byte) {
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            Ok(_) => false,
+        }
+    }
+}
+
+struct Idle {
+    conn: Conn,
     since: Instant,
 }
 
 impl Idle {
-    /// Closed by the backend, or idle for `timeout` or longer.
+    /// Closed by the backend, or idle for `timeout` (or the backend's own
+    /// keep-alive timeout less a margin, when shorter) or longer.
     fn is_spent(&self, now: Instant, timeout: Duration) -> bool {
-        self.sender.is_closed() || now.duration_since(self.since) >= timeout
+        let timeout = self.conn.keep_alive.map_or(timeout, |k| k.min(timeout));
+        self.conn.sender.is_closed() || now.duration_since(self.since) >= timeout
     }
+}
+
+/// How long a connection may stay idle when the backend answered
+/// `Keep-Alive: timeout=N` (seconds): half a second less for N = 1, a
+/// second less from N = 2 on, so lockstep lets go of it before the backend
+/// closes it. `None` when the header names no timeout.
+fn keep_alive_for(value: &HeaderValue) -> Option<Duration> {
+    let seconds = value.to_str().ok()?.split(',').find_map(|param| {
+        let (name, value) = param.split_once('=')?;
+        if !name.trim().eq_ignore_ascii_case("timeout") {
+            return None;
+        }
+        value.trim().trim_matches('"').parse::<u64>().ok()
+    })?;
+    let ms = seconds.saturating_mul(1000);
+    Some(Duration::from_millis(ms - (ms / 2).min(1000)))
+}
+
+/// RFC 9110 §9.2.1: a safe method asks for no change on the backend, so a
+/// failure after it was sent loses nothing.
+fn is_safe(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// A second handle on the TCP socket under `io` (plain or TLS).
+#[cfg(unix)]
+fn duplicate_socket(
+    io: &MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>,
+) -> Option<std::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let tcp: &tokio::net::TcpStream = match io {
+        MaybeHttpsStream::Http(plain) => plain.inner(),
+        MaybeHttpsStream::Https(tls) => tls.inner().get_ref().0.inner().inner(),
+    };
+    // The duplicate shares the socket's non-blocking mode with the original.
+    let fd = tcp.as_fd().try_clone_to_owned().ok()?;
+    Some(std::net::TcpStream::from(fd))
+}
+
+#[cfg(not(unix))]
+fn duplicate_socket(
+    _: &MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>,
+) -> Option<std::net::TcpStream> {
+    None
 }
 
 impl Pool {
     /// A pool that connects to `target` (its scheme and authority) with
     /// `connector`, keeps at most `max_idle` idle connections, closes one
-    /// left idle for `idle_timeout`, and waits `request_timeout` for the
-    /// response head of a request once it is on its way.
+    /// left idle for `idle_timeout`, reuses for a request that is not safe
+    /// to repeat only one idle for less than `write_reuse`, and waits
+    /// `request_timeout` for the response head of a request once it is on
+    /// its way.
     pub fn new(
         connector: Connector,
         target: Uri,
         max_idle: usize,
         idle_timeout: Duration,
+        write_reuse: Duration,
         request_timeout: Duration,
     ) -> Self {
         Self {
@@ -81,6 +191,7 @@ impl Pool {
                 idle: Mutex::new(Vec::new()),
                 max_idle,
                 idle_timeout,
+                write_reuse,
                 request_timeout,
                 reaping: AtomicBool::new(false),
             }),
@@ -96,22 +207,35 @@ impl Pool {
     /// when it runs out) never eats into it, so a slow connect can never
     /// turn a write that was not sent into an unknown outcome.
     pub async fn send(&self, mut req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
+        let max_idle_age = if is_safe(req.method()) {
+            Duration::MAX
+        } else {
+            self.shared.write_reuse
+        };
         loop {
-            let (mut sender, reused) = match self.shared.take_idle() {
-                Some(sender) => (sender, true),
+            let (mut conn, reused) = match self.shared.take_idle(max_idle_age) {
+                Some(conn) => (conn, true),
                 // Boxed: connecting holds a TCP/TLS stream mid-handshake,
                 // kilobytes that every request's future would otherwise
                 // carry (and copy) though most never connect.
                 None => (Box::pin(self.connect()).await?, false),
             };
-            let sent =
-                tokio::time::timeout(self.shared.request_timeout, sender.try_send_request(req))
-                    .await
-                    .map_err(|_| ForwardError::Timeout)?;
+            let sent = tokio::time::timeout(
+                self.shared.request_timeout,
+                conn.sender.try_send_request(req),
+            )
+            .await
+            .map_err(|_| ForwardError::Timeout)?;
             match sent {
                 Ok(resp) => {
+                    if let Some(value) = resp
+                        .headers()
+                        .get(http::header::HeaderName::from_static("keep-alive"))
+                    {
+                        conn.keep_alive = keep_alive_for(value);
+                    }
                     let back = GiveBack {
-                        sender,
+                        conn,
                         pool: Arc::downgrade(&self.shared),
                     };
                     return Ok(resp.map(|incoming| PooledBody::new(incoming, back)));
@@ -131,7 +255,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, ForwardError> {
+    async fn connect(&self) -> Result<Conn, ForwardError> {
         let not_sent = |e: BoxError| ForwardError::NotSent(crate::error::chain(e.as_ref()));
         let mut connector = self.connector.clone();
         poll_fn(|cx| connector.poll_ready(cx))
@@ -141,6 +265,7 @@ impl Pool {
             .call(self.target.clone())
             .await
             .map_err(not_sent)?;
+        let socket = duplicate_socket(&io);
         let (sender, conn) = http1::handshake(io).await.map_err(|e| not_sent(e.into()))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -148,7 +273,11 @@ impl Pool {
             }
         });
         self.shared.start_reaper();
-        Ok(sender)
+        Ok(Conn {
+            sender,
+            socket,
+            keep_alive: None,
+        })
     }
 }
 
@@ -158,10 +287,12 @@ impl Shared {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The newest idle connection ready for a request. Closed and expired
-    /// ones are dropped on the way; one still finishing its last response
-    /// is left for a later request.
-    fn take_idle(&self) -> Option<SendRequest<Body>> {
+    /// The newest idle connection ready for a request, if it has been idle
+    /// for less than `max_age`. Closed and expired ones, and one whose
+    /// socket shows a close, are dropped on the way; one still finishing
+    /// its last response, or too long idle for this request, is left for a
+    /// later one.
+    fn take_idle(&self, max_age: Duration) -> Option<Conn> {
         let mut idle = self.idle();
         let now = Instant::now();
         let mut i = idle.len();
@@ -170,15 +301,21 @@ impl Shared {
             let entry = &idle[i];
             if entry.is_spent(now, self.idle_timeout) {
                 idle.remove(i);
-            } else if entry.sender.is_ready() {
-                return Some(idle.remove(i).sender);
+            } else if now.duration_since(entry.since) >= max_age {
+                // Newest last: every one before it has been idle longer.
+                return None;
+            } else if entry.conn.sender.is_ready() {
+                let conn = idle.remove(i).conn;
+                if conn.socket_is_clean() {
+                    return Some(conn);
+                }
             }
         }
         None
     }
 
-    fn put(&self, sender: SendRequest<Body>) {
-        if sender.is_closed() || self.max_idle == 0 {
+    fn put(&self, conn: Conn) {
+        if conn.sender.is_closed() || self.max_idle == 0 {
             return;
         }
         let mut idle = self.idle();
@@ -186,7 +323,7 @@ impl Shared {
             idle.remove(0);
         }
         idle.push(Idle {
-            sender,
+            conn,
             since: Instant::now(),
         });
     }
@@ -221,14 +358,14 @@ impl Shared {
 
 /// A connection on its way back to the pool.
 struct GiveBack {
-    sender: SendRequest<Body>,
+    conn: Conn,
     pool: Weak<Shared>,
 }
 
 impl GiveBack {
     fn give_back(self) {
         if let Some(pool) = self.pool.upgrade() {
-            pool.put(self.sender);
+            pool.put(self.conn);
         }
     }
 }
@@ -290,5 +427,45 @@ impl http_body::Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn keep_alive_timeouts_are_honoured_with_a_margin() {
+        let cases = [
+            ("timeout=5", Some(4_000)),
+            ("timeout=5, max=1000", Some(4_000)),
+            ("max=100, Timeout = 60", Some(59_000)),
+            ("timeout=\"2\"", Some(1_000)),
+            ("timeout=1", Some(500)),
+            ("timeout=0", Some(0)),
+            ("max=100", None),
+            ("timeout=soon", None),
+            ("", None),
+        ];
+        for (header, expected) in cases {
+            let value = HeaderValue::from_static(header);
+            assert_eq!(
+                keep_alive_for(&value),
+                expected.map(Duration::from_millis),
+                "{header:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_safe_methods_reuse_any_idle_connection() {
+        for m in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(is_safe(&m), "{m}");
+        }
+        for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            assert!(!is_safe(&m), "{m}");
+        }
+        assert!(!is_safe(&Method::from_bytes(b"PURGE").unwrap()));
     }
 }

@@ -67,21 +67,28 @@ impl Backend {
     /// Starts the backend on a given address, e.g. the port of a backend
     /// that was stopped, to bring "the same" backend back.
     pub fn start_at(listen: impl ToString) -> Backend {
-        Self::spawn(listen.to_string(), None)
+        Self::spawn(listen.to_string(), None, &[])
     }
 
     /// Starts the backend serving HTTPS with the PEM certificate and key.
     pub fn start_tls(cert_file: &Path, key_file: &Path) -> Backend {
-        Self::spawn("127.0.0.1:0".into(), Some((cert_file, key_file)))
+        Self::spawn("127.0.0.1:0".into(), Some((cert_file, key_file)), &[])
     }
 
-    fn spawn(listen: String, tls: Option<(&Path, &Path)>) -> Backend {
+    /// Starts the backend with extra command-line options, e.g.
+    /// `["--keep-alive-ms", "200"]` (see examples/legacy_backend.rs).
+    pub fn start_with(args: &[&str]) -> Backend {
+        Self::spawn("127.0.0.1:0".into(), None, args)
+    }
+
+    fn spawn(listen: String, tls: Option<(&Path, &Path)>, args: &[&str]) -> Backend {
         let path = example_path("legacy_backend");
         let mut cmd = Command::new(&path);
         if let Some((cert, key)) = tls {
             cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
         let mut child = cmd
+            .args(args)
             .arg("--listen")
             .arg(listen)
             .stdin(Stdio::null())
