@@ -229,7 +229,11 @@ async fn sqlite_values_start_lockstep_with_their_settings() {
 fn unsafe_values_are_refused_with_the_charts_own_message() {
     let Some(helm) = helm() else { return };
     let files = yaml_files(&chart().join("ci/unsafe"));
-    for name in ["sqlite-3-replicas.yaml", "lease-not-above-timeout.yaml"] {
+    for name in [
+        "sqlite-3-replicas.yaml",
+        "lease-not-above-timeout.yaml",
+        "sqlite-emptydir-unacknowledged.yaml",
+    ] {
         assert!(
             files.iter().any(|f| f.ends_with(name)),
             "ci/unsafe/{name} is missing"
@@ -254,6 +258,117 @@ fn unsafe_values_are_refused_with_the_charts_own_message() {
             values.display()
         );
     }
+}
+
+/// The documents of one kind.
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// The Deployment's strategy type and its `lockstep-data` volume.
+fn strategy_and_data_volume(docs: &[Value]) -> (String, Value) {
+    let deployments = of_kind(docs, "Deployment");
+    assert_eq!(deployments.len(), 1, "{docs:?}");
+    let spec = &deployments[0]["spec"];
+    let volume = spec["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "lockstep-data")
+        .cloned()
+        .expect("a lockstep-data volume");
+    (
+        spec["strategy"]["type"].as_str().unwrap().to_owned(),
+        volume,
+    )
+}
+
+#[test]
+fn sqlite_versions_live_on_a_persistent_volume_claim_by_default() {
+    let Some(helm) = helm() else { return };
+    let docs = rendered(&helm, None, &[]);
+    let claims = of_kind(&docs, "PersistentVolumeClaim");
+    assert_eq!(claims.len(), 1, "the default renders no claim: {docs:?}");
+    let claim = claims[0];
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+    assert_eq!(
+        claim["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    let (strategy, volume) = strategy_and_data_volume(&docs);
+    // Never two Pods on one SQLite file, not even during a rollout.
+    assert_eq!(strategy, "Recreate");
+    assert_eq!(
+        volume["persistentVolumeClaim"]["claimName"], claim["metadata"]["name"],
+        "{volume}"
+    );
+
+    // Size and class come from the values; an existing claim replaces ours.
+    let docs = rendered(
+        &helm,
+        None,
+        &[
+            "--set",
+            "persistence.size=5Gi",
+            "--set",
+            "persistence.storageClass=fast-ssd",
+        ],
+    );
+    let claim = of_kind(&docs, "PersistentVolumeClaim")[0];
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "5Gi");
+    assert_eq!(claim["spec"]["storageClassName"], "fast-ssd");
+    let docs = rendered(&helm, None, &["--set", "persistence.existingClaim=mine"]);
+    assert!(of_kind(&docs, "PersistentVolumeClaim").is_empty());
+    let (strategy, volume) = strategy_and_data_volume(&docs);
+    assert_eq!(strategy, "Recreate");
+    assert_eq!(volume["persistentVolumeClaim"]["claimName"], "mine");
+}
+
+#[test]
+fn an_emptydir_for_sqlite_needs_the_acknowledgement_that_versions_reset() {
+    let Some(helm) = helm() else { return };
+    let output = render(&helm, None, &["--set", "persistence.enabled=false"]);
+    assert!(
+        !output.status.success(),
+        "an emptyDir rendered without the acknowledgement"
+    );
+    let message = stderr(&output);
+    for words in [
+        "lockstep chart: persistence.enabled=false puts the SQLite database on an emptyDir",
+        "every version starts again at 1",
+        "persistence.ephemeral.iUnderstandVersionsResetOnReschedule=true",
+    ] {
+        assert!(message.contains(words), "no {words:?} in:\n{message}");
+    }
+
+    let docs = rendered(
+        &helm,
+        None,
+        &[
+            "--set",
+            "persistence.enabled=false",
+            "--set",
+            "persistence.ephemeral.iUnderstandVersionsResetOnReschedule=true",
+        ],
+    );
+    assert!(of_kind(&docs, "PersistentVolumeClaim").is_empty());
+    let (strategy, volume) = strategy_and_data_volume(&docs);
+    assert_eq!(strategy, "Recreate");
+    assert_eq!(volume["emptyDir"], json!({}), "{volume}");
+
+    // PostgreSQL keeps nothing in the Pod: no volume, no acknowledgement.
+    let docs = rendered(
+        &helm,
+        None,
+        &[
+            "--set",
+            "persistence.enabled=false",
+            "--set",
+            "database.existingSecret=db",
+        ],
+    );
+    assert!(of_kind(&docs, "PersistentVolumeClaim").is_empty());
 }
 
 #[test]

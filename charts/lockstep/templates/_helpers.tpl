@@ -53,6 +53,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not .Values.database.existingSecret }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the SQLite volume is an emptyDir (no claim), else "". */}}
+{{- define "lockstep.sqliteEphemeral" -}}
+{{- if and (not .Values.persistence.enabled) (not .Values.persistence.existingClaim) }}true{{ end }}
+{{- end }}
+
 {{- define "lockstep.sqlitePath" -}}/var/lib/lockstep/lockstep.db{{- end }}
 
 {{/* server.drain_timeout_ms rounded up to whole seconds. */}}
@@ -99,6 +104,9 @@ cross-field ones of src/config.rs validate() are mirrored here.
 {{- if $v.autoscaling.enabled }}
 {{- fail "lockstep chart: SQLite keeps versions and locks in one Pod's file, so autoscaling cannot be enabled. Set database.existingSecret to a Secret holding a PostgreSQL URL first." }}
 {{- end }}
+{{- end }}
+{{- if and $sqlite (include "lockstep.sqliteEphemeral" .) (not $v.persistence.ephemeral.iUnderstandVersionsResetOnReschedule) }}
+{{- fail "lockstep chart: persistence.enabled=false puts the SQLite database on an emptyDir, which is lost with the Pod: every version starts again at 1 when the Pod is replaced or rescheduled, and a client still holding an older ETag overwrites everything written since. Keep persistence.enabled=true (a PersistentVolumeClaim), set persistence.existingClaim, use PostgreSQL (database.existingSecret), or accept the loss with persistence.ephemeral.iUnderstandVersionsResetOnReschedule=true." }}
 {{- end }}
 {{- $c := $v.config }}
 {{- $lease := int64 $c.versioning.write_lease_ms }}
@@ -147,8 +155,8 @@ cross-field ones of src/config.rs validate() are mirrored here.
 {{- fail (printf "lockstep chart: sidecarOnly renders only the ConfigMap; %s.enabled belongs to the chart that owns the Deployment." $key) }}
 {{- end }}
 {{- end }}
-{{- if and $v.persistence.enabled (not $v.persistence.existingClaim) }}
-{{- fail "lockstep chart: sidecarOnly renders only the ConfigMap, so it creates no PersistentVolumeClaim: set persistence.existingClaim to one of yours." }}
+{{- if and $sqlite $v.persistence.enabled (not $v.persistence.existingClaim) }}
+{{- fail "lockstep chart: sidecarOnly renders only the ConfigMap, so it creates no PersistentVolumeClaim for SQLite: set persistence.existingClaim to one of yours." }}
 {{- end }}
 {{- else }}
 {{- if $v.autoscaling.enabled }}
