@@ -43,7 +43,9 @@
 //!   Content-Type from `X-Backend-Content-Type` (default `application/json`),
 //!   store untouched.
 //! * `X-Backend-Apply-Then-Status: N`: apply the write, then answer N (for a
-//!   2xx N with the normal body, otherwise with `{"error":"forced"}`).
+//!   2xx N with the normal body; for a 3xx N with no body and, except for
+//!   304, `Location` naming the item, as a redirect after a write does;
+//!   otherwise with `{"error":"forced"}`).
 //! * `X-Backend-No-Location: 1`: a `POST` answers 201 without `Location`.
 //! * `X-Backend-Close-After-Ms: N`: answer as usual (keep-alive), then close
 //!   the connection N ms later without a word, as a backend whose
@@ -395,6 +397,7 @@ async fn handle(
                 *resp.status_mut() = status;
                 resp
             }
+            Some(status) if status.is_redirection() => redirect(status, &path),
             _ => forced_status(status, "x-backend-apply-then-status"),
         });
     }
@@ -689,6 +692,18 @@ fn forced_status(value: &str, header: &str) -> Response<RespBody> {
         Some(status) => json_response(status, &json!({"error": "forced"})),
         None => bad_control_header(header),
     }
+}
+
+/// A bodiless 3xx; all but 304 point at `path`.
+fn redirect(status: StatusCode, path: &str) -> Response<RespBody> {
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = status;
+    if status != StatusCode::NOT_MODIFIED {
+        if let Ok(location) = HeaderValue::from_str(path) {
+            resp.headers_mut().insert(LOCATION, location);
+        }
+    }
+    resp
 }
 
 fn item_response(status: StatusCode, value: &Value, revision: u64) -> Response<RespBody> {

@@ -475,6 +475,71 @@ async fn backend_5xx_bumps_the_version_and_passes_the_5xx_on() {
 }
 
 #[tokio::test]
+async fn a_3xx_after_a_write_counts_as_applied_and_carries_the_new_etag() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/r", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/r");
+
+    // The common one: 303 See Other to the updated resource.
+    let redirected = client
+        .patch(&url, json!({"title": "b"}))
+        .if_match(1)
+        .header("x-backend-apply-then-status", "303")
+        .send()
+        .await;
+    assert_eq!(redirected.status, 303, "{redirected:?}");
+    assert_eq!(
+        redirected.header("location").as_deref(),
+        Some("/articles/r")
+    );
+    assert_eq!(
+        redirected.etag().as_deref(),
+        Some("\"2\""),
+        "a redirect after a write carries the new version: {redirected:?}"
+    );
+    assert_eq!(
+        backend.stored("/articles/r").await,
+        Some(json!({"title": "b"}))
+    );
+    // The write is not lost: a client still holding version 1 is stale.
+    assert_conflict(
+        &client
+            .patch(&url, json!({"title": "lost"}))
+            .if_match(1)
+            .send()
+            .await,
+        409,
+        2,
+    );
+
+    // Every other 3xx, 304 included, is read the same way.
+    let mut expected = 2;
+    for status in [301, 302, 304, 307, 308] {
+        let resp = client
+            .request(Method::PUT, &url)
+            .json(&json!({"title": status}))
+            .if_match(expected)
+            .header("x-backend-apply-then-status", status.to_string())
+            .send()
+            .await;
+        expected += 1;
+        assert_eq!(resp.status, status, "{resp:?}");
+        assert_eq!(resp.etag_version(), Some(expected), "{status}: {resp:?}");
+        assert_eq!(
+            current_version(&client, &lockstep, "/articles/r").await,
+            expected,
+            "{status} bumps the version"
+        );
+    }
+    assert_eq!(
+        read_version(&client, &lockstep, "/articles/r").await,
+        expected
+    );
+}
+
+#[tokio::test]
 async fn upstream_timeout_is_504_bumps_and_keeps_the_key_closed_until_the_lease_runs_out() {
     let backend = Backend::start();
     seed(&backend, "/articles/t", json!({"title": "a"})).await;

@@ -16,10 +16,11 @@
 //!   that finds the lease taken waits (bounded) for it, then re-checks.
 //! * **forward** — the write goes to the backend without `If-Match` and
 //!   without the version field.
-//! * **commit / abort / bump-and-hold** — 2xx and 5xx bump the version (a 5xx
-//!   may have applied the write), 4xx releases the lease unchanged, and no
-//!   answer at all bumps but keeps the key closed until the lease runs out,
-//!   because the backend may still be applying the write.
+//! * **commit / abort / bump-and-hold** — 2xx, 3xx and 5xx bump the version
+//!   (a 3xx such as a 303 to the updated resource reports a write that was
+//!   applied; a 5xx may have applied it), 4xx releases the lease unchanged,
+//!   and no answer at all bumps but keeps the key closed until the lease runs
+//!   out, because the backend may still be applying the write.
 //! * **stamp** — `ETag` and the body field carry the new version.
 //!
 //! The part from claim to commit runs in its own task, so a client that
@@ -302,8 +303,9 @@ impl Versioning {
         let store_err = |e: Error| (e, Some(held));
 
         match self.upstream.send(fwd).await {
-            Ok(resp) if resp.status().is_success() || resp.status().is_server_error() => {
-                // The write happened, or (5xx) may have: the version moves on.
+            Ok(resp) if applied_or_unknown(resp.status()) => {
+                // The write happened (2xx, 3xx), or (5xx) may have: the
+                // version moves on.
                 let new = self
                     .store
                     .commit(&key, &lease_id)
@@ -332,7 +334,7 @@ impl Versioning {
                 Ok((resp, outcome(Some(new), "committed")))
             }
             Ok(resp) => {
-                // The backend refused (4xx) or redirected: nothing changed.
+                // The backend refused (4xx): nothing changed.
                 self.store.abort(&key, &lease_id).await.map_err(store_err)?;
                 Ok((
                     passthrough_response(resp, false),
@@ -640,6 +642,16 @@ impl Versioning {
         }
         body::read_request(body::boxed(body), limit, self.upstream.request_timeout()).await
     }
+}
+
+/// Whether a backend's answer to a write means the write was applied, or
+/// may have been. 2xx: applied. 3xx: applied too; a redirect after a write
+/// (a 303 to the updated resource is the common one) reports success, and
+/// a 304 is read the same way, because counting a write that happened as
+/// one that did not would let a stale client overwrite it. 5xx: unknown.
+/// Only a 4xx (and a 1xx, which never ends an exchange) leaves the version.
+fn applied_or_unknown(status: StatusCode) -> bool {
+    status.is_success() || status.is_redirection() || status.is_server_error()
 }
 
 fn with_query(path: &str, uri: &http::Uri) -> PathAndQuery {
