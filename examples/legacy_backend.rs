@@ -18,7 +18,10 @@
 //! * `GET`/`HEAD /{collection}/{id}`: the stored JSON object with the
 //!   backend's own `ETag: "backend-<n>"`, or 404. Under a collection whose
 //!   name starts with `auto` (e.g. `/autos/1`) a missing item is created as
-//!   `{"id": "<id>"}`, so reads work without seeding.
+//!   `{"id": "<id>"}`, so reads work without seeding. A single
+//!   `Range: bytes=FIRST-LAST` is honoured as many servers do (206 with
+//!   `Content-Range` and those bytes of the JSON text), unless an `If-Range`
+//!   names a tag other than the item's own.
 //! * `PUT`: replace with the body (a JSON object, else 400); 200 + stored object.
 //! * `PATCH`: shallow-merge the body's top-level fields (creating the item if
 //!   absent); 200 + stored object.
@@ -468,7 +471,15 @@ fn route(shared: &Shared, parts: &Parts, body: &Bytes) -> Response<RespBody> {
                 }
             }
             match state.store.get(trimmed) {
-                Some(value) => item_response(StatusCode::OK, value, state.revision(trimmed)),
+                Some(value) => {
+                    let revision = state.revision(trimmed);
+                    ranged(
+                        &parts.headers,
+                        item_response(StatusCode::OK, value, revision),
+                        value,
+                        revision,
+                    )
+                }
                 None => not_found(),
             }
         }
@@ -702,6 +713,53 @@ fn redirect(status: StatusCode, path: &str) -> Response<RespBody> {
         if let Ok(location) = HeaderValue::from_str(path) {
             resp.headers_mut().insert(LOCATION, location);
         }
+    }
+    resp
+}
+
+/// The 206 answer to a single `Range: bytes=FIRST-LAST` on an item, or
+/// `whole` when there is no such range, it cannot be satisfied, or an
+/// `If-Range` names another tag (RFC 9110 §13.1.5: then the whole item).
+fn ranged(
+    headers: &HeaderMap,
+    whole: Response<RespBody>,
+    value: &Value,
+    revision: u64,
+) -> Response<RespBody> {
+    let Some(spec) = header_str(headers, "range").and_then(|r| r.trim().strip_prefix("bytes="))
+    else {
+        return whole;
+    };
+    if header_str(headers, "if-range")
+        .is_some_and(|tag| tag.trim() != format!("\"backend-{revision}\""))
+    {
+        return whole;
+    }
+    let text = Bytes::from(value.to_string());
+    let Some((first, last)) = spec.split_once('-') else {
+        return whole;
+    };
+    let (Ok(first), Ok(last)) = (first.trim().parse::<usize>(), last.trim().parse::<usize>())
+    else {
+        return whole;
+    };
+    if first > last || first >= text.len() {
+        return whole;
+    }
+    let last = last.min(text.len() - 1);
+    let part = text.slice(first..=last);
+    let len = part.len();
+    let mut resp = Response::new(full(part));
+    *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+    let out = resp.headers_mut();
+    for name in [CONTENT_TYPE, ETAG] {
+        if let Some(v) = whole.headers().get(&name) {
+            out.insert(name, v.clone());
+        }
+    }
+    out.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    if let Ok(v) = HeaderValue::from_str(&format!("bytes {first}-{last}/{}", text.len())) {
+        out.insert(http::header::CONTENT_RANGE, v);
     }
     resp
 }

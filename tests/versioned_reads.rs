@@ -397,3 +397,98 @@ async fn reads_ask_the_backend_for_an_unencoded_body_and_drop_conditional_header
         );
     }
 }
+
+// ----------------------------------------------------------------- ranges
+
+#[tokio::test]
+async fn range_on_a_stamped_read_is_ignored_and_if_range_never_reaches_the_backend() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/rg",
+        json!({"title": "a long enough title"}),
+    )
+    .await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/rg");
+    let whole = json!({"title": "a long enough title", "version": 1});
+
+    // The backend itself honours ranges (the premise of this test).
+    let direct = client
+        .get(backend.url_for("/articles/rg"))
+        .header("range", "bytes=0-4")
+        .send()
+        .await;
+    assert_eq!(direct.status, 206, "{direct:?}");
+    backend.clear_log().await;
+
+    for (range, if_range) in [
+        ("bytes=0-4", None),
+        // A current validator, a stale one, and the backend's own tag.
+        ("bytes=0-4", Some("\"1\"")),
+        ("bytes=0-4", Some("\"0\"")),
+        ("bytes=2-", Some("\"backend-1\"")),
+    ] {
+        let mut req = client.get(&url).header("range", range);
+        if let Some(tag) = if_range {
+            req = req.header("if-range", tag);
+        }
+        let resp = req.send().await;
+        assert_eq!(resp.status, 200, "{range} / {if_range:?}: {resp:?}");
+        assert_eq!(resp.header("content-range"), None, "{resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+        assert_eq!(resp.json(), whole, "the whole stamped body: {resp:?}");
+        assert_eq!(
+            resp.header("content-length"),
+            Some(resp.body.len().to_string())
+        );
+    }
+
+    let gets = received(&backend, "GET", "/articles/rg").await;
+    assert_eq!(gets.len(), 4, "{gets:?}");
+    for get in &gets {
+        for header in ["range", "if-range"] {
+            assert!(
+                logged_header(get, header).is_empty(),
+                "{header} reached the backend: {get}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn range_is_ignored_on_etag_only_reads_too() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/rn", json!({"title": "not stamped"})).await;
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .versioning_toml("body_field = \"\"")
+        .start();
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/rn"))
+        .header("range", "bytes=0-4")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+    assert_eq!(resp.json(), json!({"title": "not stamped"}));
+}
+
+#[tokio::test]
+async fn a_206_the_client_did_not_ask_for_carries_no_version() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/rp", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    // A backend that answers 206 on its own: passed on, never as version 1.
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/rp"))
+        .header("x-backend-apply-then-status", "206")
+        .send()
+        .await;
+    assert_eq!(resp.status, 206, "{resp:?}");
+    assert_eq!(resp.etag(), None, "{resp:?}");
+    assert_eq!(resp.json(), json!({"title": "t"}));
+}

@@ -188,7 +188,18 @@ impl Versioning {
         }
         let is_head = parts.method == Method::HEAD;
         let stamp_body = !self.settings.body_field.is_empty() && version.is_some();
-        for h in [header::IF_NONE_MATCH, header::IF_MATCH, header::IF_RANGE] {
+        // A response carrying lockstep's ETag is always the whole
+        // representation: the version is read before the backend answers,
+        // so two ranges under one tag could come from two different
+        // states of the item. `Range` goes only where no ETag will be set
+        // (the store is down). `If-Range` is never forwarded: it names
+        // lockstep's tags, which the backend does not know, and a `Range`
+        // it guarded is dropped with it rather than sent unguarded.
+        let guarded_range = parts.headers.remove(header::IF_RANGE).is_some();
+        if version.is_some() || guarded_range {
+            parts.headers.remove(header::RANGE);
+        }
+        for h in [header::IF_NONE_MATCH, header::IF_MATCH] {
             parts.headers.remove(h);
         }
         if stamp_body {
@@ -225,6 +236,13 @@ impl Versioning {
                 passthrough_response(resp, is_head),
                 outcome("read-passthrough"),
             ));
+        }
+        if resp.status() == StatusCode::PARTIAL_CONTENT {
+            // A part nobody asked for (Range was not forwarded): passed on,
+            // but never under a version, which names a whole item.
+            let mut resp = passthrough_response(resp, is_head);
+            resp.headers_mut().remove(header::ETAG);
+            return Ok((resp, outcome("read-partial-unstamped")));
         }
         if precondition::if_none_match_hits(&inm_headers, version) {
             return Ok((not_modified(resp, version), outcome("not-modified")));
