@@ -225,6 +225,7 @@ impl Upstream {
         let result = match tokio::time::timeout(self.request_timeout, self.pool.send(req)).await {
             Err(_) => Err(ForwardError::Timeout),
             Ok(Ok(mut resp)) => {
+                headers::drop_length_beside_transfer_encoding(resp.headers_mut());
                 headers::strip_hop_by_hop(resp.headers_mut());
                 Ok(resp)
             }
