@@ -22,7 +22,8 @@
 //!   `Range: bytes=FIRST-LAST` is honoured as many servers do (206 with
 //!   `Content-Range` and those bytes of the JSON text), unless an `If-Range`
 //!   names a tag other than the item's own.
-//! * `PUT`: replace with the body (a JSON object, else 400); 200 + stored object.
+//! * `PUT`: replace with the body (a JSON object, else 400; whatever its
+//!   `Content-Type`, and past a UTF-8 byte order mark); 200 + stored object.
 //! * `PATCH`: shallow-merge the body's top-level fields (creating the item if
 //!   absent); 200 + stored object.
 //! * `DELETE`: 204 if the item existed, 404 if not.
@@ -665,7 +666,9 @@ fn headers_json(headers: &HeaderMap) -> Value {
 }
 
 /// The body as a JSON object, or the 400 answer explaining why it is not one.
+/// A leading UTF-8 byte order mark is skipped, as many servers do.
 fn parse_object(body: &Bytes) -> Result<Map<String, Value>, String> {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(object)) => Ok(object),
         Ok(_) => Err("body must be a JSON object".to_owned()),

@@ -276,6 +276,47 @@ async fn json_object_with_a_plus_json_media_type_is_stamped() {
 }
 
 #[tokio::test]
+async fn json_responses_are_stamped_under_any_json_media_type_and_past_a_byte_order_mark() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/tj", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/tj");
+
+    for media_type in [
+        "text/json",
+        "application/x-json",
+        "Text/JSON; charset=utf-8",
+    ] {
+        let resp = client
+            .get(&url)
+            .header("x-backend-body", "{\"a\":1}")
+            .header("x-backend-content-type", media_type)
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert_eq!(resp.json(), json!({"a": 1, "version": 1}), "{media_type}");
+    }
+
+    let bom = client
+        .get(&url)
+        .header("x-backend-body", "\u{FEFF}{\"a\":1}")
+        .send()
+        .await;
+    assert_eq!(bom.status, 200, "{bom:?}");
+    assert!(
+        bom.body.starts_with(b"\xEF\xBB\xBF"),
+        "the mark is kept: {bom:?}"
+    );
+    let stamped: serde_json::Value = serde_json::from_slice(&bom.body[3..]).unwrap();
+    assert_eq!(stamped, json!({"a": 1, "version": 1}));
+    assert_eq!(
+        bom.header("content-length"),
+        Some(bom.body.len().to_string())
+    );
+}
+
+#[tokio::test]
 async fn items_never_written_read_as_version_1_on_auto_collections() {
     let backend = Backend::start();
     let lockstep = Lockstep::in_front_of(&backend);

@@ -26,6 +26,7 @@
 //! The part from claim to commit runs in its own task, so a client that
 //! hangs up mid-write cannot leave a lease behind.
 
+pub mod detect;
 pub mod precondition;
 pub mod stamp;
 
@@ -270,11 +271,13 @@ impl Versioning {
             .read_request_body(&parts, body)
             .await
             .map_err(|e| (e, None))?;
-        let json = stamp::is_json(&parts.headers)
-            || (!parts.headers.contains_key(header::CONTENT_TYPE)
-                && raw.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'));
+        let field = &self.settings.body_field;
+        let (bom, text) = detect::split_bom(&raw);
+        let json =
+            detect::write_body_is_json(&parts.headers, &text, field).map_err(|e| (e, None))?;
         let (forward_body, body_version) =
-            stamp::take_version(&raw, json, &self.settings.body_field).map_err(|e| (e, None))?;
+            stamp::take_version(&text, json, field).map_err(|e| (e, None))?;
+        let forward_body = detect::with_bom(bom, forward_body);
         let expected = precondition::combine(header_expect, body_version).map_err(|e| (e, None))?;
         if expected == Expected::Unchecked && self.settings.require_precondition {
             self.metrics.conflict(ConflictReason::PreconditionRequired);
@@ -506,8 +509,10 @@ impl Versioning {
             Err(e) => return (location_key, Err((e, None))),
         };
         let key = location_key.or_else(|| match &buffered {
-            Buffered::Complete(bytes) if stamp::is_json(&parts.headers) => id_of(bytes)
-                .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id)))),
+            Buffered::Complete(bytes) if stamp::is_json(&parts.headers) => {
+                id_of(&detect::split_bom(bytes).1)
+                    .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id))))
+            }
             _ => None,
         });
         let Some(key) = key else {
@@ -601,8 +606,9 @@ impl Versioning {
             Buffered::Complete(bytes) => {
                 let bytes = if stamp::is_json(&parts.headers) && !stamp::is_encoded(&parts.headers)
                 {
-                    stamp::stamp_version(&bytes, &self.settings.body_field, version)
-                        .unwrap_or(bytes)
+                    let (bom, text) = detect::split_bom(&bytes);
+                    stamp::stamp_version(&text, &self.settings.body_field, version)
+                        .map_or(bytes, |stamped| detect::with_bom(bom, stamped))
                 } else {
                     bytes
                 };
