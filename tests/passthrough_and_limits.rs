@@ -643,6 +643,58 @@ async fn a_response_with_content_length_and_transfer_encoding_arrives_whole() {
     }
 }
 
+/// Writes `request` on a fresh connection, half-closes the write side
+/// (FIN), and reads until lockstep closes: everything it answered.
+async fn half_closed_exchange(addr: SocketAddr, request: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("lockstep neither answered nor closed")
+        .expect("read the answer");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
+    // RFC 9112 §9.6: a client may close its sending side after a request.
+    let backend = Backend::start();
+    seed(&backend, "/articles/hc", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let read = half_closed_exchange(
+        lockstep.proxy_addr(),
+        "GET /echo/hc HTTP/1.1\r\nHost: example\r\n\r\n".into(),
+    )
+    .await;
+    assert_eq!(raw_status(&read), Some(200), "passthrough: {read:?}");
+    assert!(read.contains("\"path\":\"/echo/hc\""), "{read:?}");
+
+    let body = r#"{"title":"b"}"#;
+    let write = half_closed_exchange(
+        lockstep.proxy_addr(),
+        format!(
+            "PATCH /articles/hc HTTP/1.1\r\nHost: example\r\nIf-Match: \"1\"\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await;
+    assert_eq!(raw_status(&write), Some(200), "versioned write: {write:?}");
+    assert!(
+        write.to_ascii_lowercase().contains("etag: \"2\""),
+        "{write:?}"
+    );
+    assert!(write.ends_with(r#"{"title":"b","version":2}"#), "{write:?}");
+    assert_eq!(
+        backend.stored("/articles/hc").await,
+        Some(json!({"title": "b"}))
+    );
+}
+
 /// A request body fed from a channel: the test decides when each chunk is
 /// sent and when the body ends.
 struct Fed(tokio::sync::mpsc::Receiver<Bytes>);
