@@ -51,6 +51,8 @@
 //!   304, `Location` naming the item, as a redirect after a write does;
 //!   otherwise with `{"error":"forced"}`).
 //! * `X-Backend-No-Location: 1`: a `POST` answers 201 without `Location`.
+//! * `X-Backend-ETag: T`: whatever the answer (an error, a redirect …), it
+//!   carries `ETag: T` in place of the backend's own.
 //! * `X-Backend-Close-After-Ms: N`: answer as usual (keep-alive), then close
 //!   the connection N ms later without a word, as a backend whose
 //!   keep-alive timeout runs out does.
@@ -213,7 +215,11 @@ async fn handle_on(
 ) -> Result<Response<RespBody>, ResetConnection> {
     let close_after =
         header_str(req.headers(), "x-backend-close-after-ms").and_then(|v| v.parse::<u64>().ok());
-    let resp = handle(shared, conn.id, req).await;
+    let etag = req.headers().get("x-backend-etag").cloned();
+    let mut resp = handle(shared, conn.id, req).await;
+    if let (Some(etag), Ok(resp)) = (etag, resp.as_mut()) {
+        resp.headers_mut().insert(ETAG, etag);
+    }
     if let Some(ms) = close_after {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -9,7 +9,7 @@ mod versioned_support;
 
 use common::{Backend, Client, Lockstep};
 use serde_json::json;
-use versioned_support::{logged_header, read_version, received, seed};
+use versioned_support::{closed_port, logged_header, read_version, received, seed};
 
 #[tokio::test]
 async fn get_returns_the_backend_body_with_etag_1_and_version_1() {
@@ -532,4 +532,114 @@ async fn a_206_the_client_did_not_ask_for_carries_no_version() {
     assert_eq!(resp.status, 206, "{resp:?}");
     assert_eq!(resp.etag(), None, "{resp:?}");
     assert_eq!(resp.json(), json!({"title": "t"}));
+}
+
+// ------------------------------------------------- no ETag lockstep did not issue
+
+#[tokio::test]
+async fn with_the_database_down_reads_pass_unstamped_with_no_etag_at_all() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/down",
+        json!({"title": "still readable"}),
+    )
+    .await;
+    // A PostgreSQL nobody listens on: every store call fails at once.
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .database(format!("postgres://lockstep@{}/lockstep", closed_port()))
+        .database_toml("acquire_timeout_ms = 250")
+        .start();
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/down");
+
+    let get = client.get(&url).send().await;
+    assert_eq!(get.status, 200, "{get:?}");
+    assert_eq!(get.json(), json!({"title": "still readable"}), "unstamped");
+    assert_eq!(get.etag(), None, "the backend's tag must not pass: {get:?}");
+
+    let head = client.head(&url).send().await;
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(head.etag(), None, "{head:?}");
+
+    // Without a version, a range is the backend's to serve...
+    let part = client.get(&url).header("range", "bytes=0-4").send().await;
+    assert_eq!(part.status, 206, "{part:?}");
+    assert_eq!(part.text(), "{\"tit");
+    assert_eq!(part.etag(), None, "{part:?}");
+    // ...but never one its If-Range no longer guards.
+    let guarded = client
+        .get(&url)
+        .header("range", "bytes=0-4")
+        .header("if-range", "\"backend-1\"")
+        .send()
+        .await;
+    assert_eq!(guarded.status, 200, "{guarded:?}");
+    assert_eq!(guarded.json(), json!({"title": "still readable"}));
+    let gets = received(&backend, "GET", "/articles/down").await;
+    assert_eq!(gets.len(), 3, "{gets:?}");
+    assert!(
+        logged_header(&gets[2], "if-range").is_empty(),
+        "{}",
+        gets[2]
+    );
+    assert!(logged_header(&gets[2], "range").is_empty(), "{}", gets[2]);
+
+    // Writes fail closed meanwhile.
+    let write = client
+        .patch(&url, json!({"title": "x"}))
+        .header("if-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(write.status, 503, "{write:?}");
+}
+
+#[tokio::test]
+async fn a_backend_etag_never_passes_on_a_versioned_route() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/fe", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/fe");
+    // A tag that looks like one of lockstep's versions.
+    let foreign = "\"7\"";
+
+    let missing = client
+        .get(lockstep.proxy_url_for("/articles/nope"))
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(missing.status, 404, "{missing:?}");
+    assert_eq!(missing.etag(), None, "{missing:?}");
+
+    for (method, status) in [("GET", "500"), ("PATCH", "422"), ("PATCH", "503")] {
+        let resp = client
+            .request(method.parse().unwrap(), &url)
+            .json(&json!({"title": "x"}))
+            .header("x-backend-status", status)
+            .header("x-backend-etag", foreign)
+            .send()
+            .await;
+        assert_eq!(resp.status.to_string(), status, "{resp:?}");
+        assert_eq!(resp.etag(), None, "{method} answered {status}: {resp:?}");
+    }
+
+    let refused_create = client
+        .post(lockstep.proxy_url_for("/articles"), json!({"title": "no"}))
+        .header("x-backend-status", "422")
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(refused_create.status, 422, "{refused_create:?}");
+    assert_eq!(refused_create.etag(), None, "{refused_create:?}");
+
+    // Where lockstep does tag, its tag replaces the backend's (version 2:
+    // the 503 to the PATCH above may have applied it).
+    let ok = client
+        .get(&url)
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(ok.header_all("etag"), vec!["\"2\"".to_owned()], "{ok:?}");
 }

@@ -241,9 +241,10 @@ impl Versioning {
         if resp.status() == StatusCode::PARTIAL_CONTENT {
             // A part nobody asked for (Range was not forwarded): passed on,
             // but never under a version, which names a whole item.
-            let mut resp = passthrough_response(resp, is_head);
-            resp.headers_mut().remove(header::ETAG);
-            return Ok((resp, outcome("read-partial-unstamped")));
+            return Ok((
+                passthrough_response(resp, is_head),
+                outcome("read-partial-unstamped"),
+            ));
         }
         if precondition::if_none_match_hits(&inm_headers, version) {
             return Ok((not_modified(resp, version), outcome("not-modified")));
@@ -497,7 +498,7 @@ impl Versioning {
             return (None, passthrough(resp, "create-passthrough"));
         }
         // The new item's key: from Location, else from the body's "id".
-        let (parts, incoming) = resp.into_parts();
+        let (mut parts, incoming) = resp.into_parts();
         let location_key = parts
             .headers
             .get(header::LOCATION)
@@ -516,6 +517,7 @@ impl Versioning {
             _ => None,
         });
         let Some(key) = key else {
+            parts.headers.remove(header::ETAG);
             let resp = Response::from_parts(parts, rebuild(buffered));
             return (
                 None,
@@ -533,6 +535,7 @@ impl Versioning {
             Err(e) => {
                 // The backend created the item; say so, without a version.
                 tracing::error!(error = %crate::error::chain(&e), key = %key, "created item could not be versioned");
+                parts.headers.remove(header::ETAG);
                 let resp = Response::from_parts(parts, rebuild(buffered));
                 return (
                     Some(key),
@@ -694,9 +697,13 @@ fn set_etag(headers: &mut HeaderMap, version: i64) {
     }
 }
 
-/// The backend's response, streamed on (bodyless for HEAD).
+/// The backend's response, streamed on (bodyless for HEAD), without the
+/// backend's `ETag`: on a versioned route every tag a client sees is one
+/// lockstep issued, so a client can never send one of the backend's back
+/// in `If-Match` and have it read as a version.
 fn passthrough_response(resp: Response<PooledBody>, head: bool) -> Response<Body> {
-    let (parts, incoming) = resp.into_parts();
+    let (mut parts, incoming) = resp.into_parts();
+    parts.headers.remove(header::ETAG);
     let body = if head {
         body::empty()
     } else {
