@@ -30,8 +30,12 @@
 //! * `GET`/`HEAD /{collection}/{id}`: the stored JSON object with the
 //!   backend's own `ETag: "backend-<n>"`, or 404. Under a collection whose
 //!   name starts with `auto` (e.g. `/autos/1`) a missing item is created as
-//!   `{"id": "<id>"}`, so reads work without seeding.
-//! * `PUT`: replace with the body (a JSON object, else 400); 200 + stored object.
+//!   `{"id": "<id>"}`, so reads work without seeding. A single
+//!   `Range: bytes=FIRST-LAST` is honoured as many servers do (206 with
+//!   `Content-Range` and those bytes of the JSON text), unless an `If-Range`
+//!   names a tag other than the item's own.
+//! * `PUT`: replace with the body (a JSON object, else 400; whatever its
+//!   `Content-Type`, and past a UTF-8 byte order mark); 200 + stored object.
 //! * `PATCH`: shallow-merge the body's top-level fields (creating the item if
 //!   absent); 200 + stored object.
 //! * `DELETE`: 204 if the item existed, 404 if not.
@@ -55,8 +59,12 @@
 //!   Content-Type from `X-Backend-Content-Type` (default `application/json`),
 //!   store untouched.
 //! * `X-Backend-Apply-Then-Status: N`: apply the write, then answer N (for a
-//!   2xx N with the normal body, otherwise with `{"error":"forced"}`).
+//!   2xx N with the normal body; for a 3xx N with no body and, except for
+//!   304, `Location` naming the item, as a redirect after a write does;
+//!   otherwise with `{"error":"forced"}`).
 //! * `X-Backend-No-Location: 1`: a `POST` answers 201 without `Location`.
+//! * `X-Backend-ETag: T`: whatever the answer (an error, a redirect …), it
+//!   carries `ETag: T` in place of the backend's own.
 //! * `X-Backend-Close-After-Ms: N`: answer as usual (keep-alive), then close
 //!   the connection N ms later without a word, as a backend whose
 //!   keep-alive timeout runs out does.
@@ -362,12 +370,16 @@ async fn handle_on(
     let _answering = Answering(Arc::clone(&conn));
     let close_after =
         header_str(req.headers(), "x-backend-close-after-ms").and_then(|v| v.parse::<u64>().ok());
+    let etag = req.headers().get("x-backend-etag").cloned();
     let mut resp = handle(shared, conn.id, req).await;
     if let (Ok(resp), Some(value)) = (&mut resp, &keep_alive.header) {
         resp.headers_mut().insert(
             http::header::HeaderName::from_static("keep-alive"),
             value.clone(),
         );
+    }
+    if let (Some(etag), Ok(resp)) = (etag, resp.as_mut()) {
+        resp.headers_mut().insert(ETAG, etag);
     }
     if let Some(ms) = close_after {
         tokio::spawn(async move {
@@ -574,6 +586,7 @@ async fn handle(
                 *resp.status_mut() = status;
                 resp
             }
+            Some(status) if status.is_redirection() => redirect(status, &path),
             _ => forced_status(status, "x-backend-apply-then-status"),
         });
     }
@@ -644,7 +657,15 @@ fn route(shared: &Shared, parts: &Parts, body: &Bytes) -> Response<RespBody> {
                 }
             }
             match state.store.get(trimmed) {
-                Some(value) => item_response(StatusCode::OK, value, state.revision(trimmed)),
+                Some(value) => {
+                    let revision = state.revision(trimmed);
+                    ranged(
+                        &parts.headers,
+                        item_response(StatusCode::OK, value, revision),
+                        value,
+                        revision,
+                    )
+                }
                 None => not_found(),
             }
         }
@@ -830,7 +851,9 @@ fn headers_json(headers: &HeaderMap) -> Value {
 }
 
 /// The body as a JSON object, or the 400 answer explaining why it is not one.
+/// A leading UTF-8 byte order mark is skipped, as many servers do.
 fn parse_object(body: &Bytes) -> Result<Map<String, Value>, String> {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(object)) => Ok(object),
         Ok(_) => Err("body must be a JSON object".to_owned()),
@@ -868,6 +891,65 @@ fn forced_status(value: &str, header: &str) -> Response<RespBody> {
         Some(status) => json_response(status, &json!({"error": "forced"})),
         None => bad_control_header(header),
     }
+}
+
+/// A bodiless 3xx; all but 304 point at `path`.
+fn redirect(status: StatusCode, path: &str) -> Response<RespBody> {
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = status;
+    if status != StatusCode::NOT_MODIFIED {
+        if let Ok(location) = HeaderValue::from_str(path) {
+            resp.headers_mut().insert(LOCATION, location);
+        }
+    }
+    resp
+}
+
+/// The 206 answer to a single `Range: bytes=FIRST-LAST` on an item, or
+/// `whole` when there is no such range, it cannot be satisfied, or an
+/// `If-Range` names another tag (RFC 9110 §13.1.5: then the whole item).
+fn ranged(
+    headers: &HeaderMap,
+    whole: Response<RespBody>,
+    value: &Value,
+    revision: u64,
+) -> Response<RespBody> {
+    let Some(spec) = header_str(headers, "range").and_then(|r| r.trim().strip_prefix("bytes="))
+    else {
+        return whole;
+    };
+    if header_str(headers, "if-range")
+        .is_some_and(|tag| tag.trim() != format!("\"backend-{revision}\""))
+    {
+        return whole;
+    }
+    let text = Bytes::from(value.to_string());
+    let Some((first, last)) = spec.split_once('-') else {
+        return whole;
+    };
+    let (Ok(first), Ok(last)) = (first.trim().parse::<usize>(), last.trim().parse::<usize>())
+    else {
+        return whole;
+    };
+    if first > last || first >= text.len() {
+        return whole;
+    }
+    let last = last.min(text.len() - 1);
+    let part = text.slice(first..=last);
+    let len = part.len();
+    let mut resp = Response::new(full(part));
+    *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+    let out = resp.headers_mut();
+    for name in [CONTENT_TYPE, ETAG] {
+        if let Some(v) = whole.headers().get(&name) {
+            out.insert(name, v.clone());
+        }
+    }
+    out.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    if let Ok(v) = HeaderValue::from_str(&format!("bytes {first}-{last}/{}", text.len())) {
+        out.insert(http::header::CONTENT_RANGE, v);
+    }
+    resp
 }
 
 fn item_response(status: StatusCode, value: &Value, revision: u64) -> Response<RespBody> {

@@ -372,7 +372,7 @@ impl VersionMetrics {
         }
     }
 
-    /// A write the backend accepted (2xx) committed a new version.
+    /// A write the backend accepted (2xx or 3xx) committed a new version.
     pub fn bumped(&self) {
         self.bumps.inc();
     }
@@ -595,7 +595,7 @@ impl Metrics {
         let bumps = Counter::default();
         r.register(
             "version_bumps",
-            "Versions bumped by a write the backend accepted (2xx)",
+            "Versions bumped by a write the backend accepted (2xx or 3xx)",
             bumps.clone(),
         );
         let unknown = Family::<ReasonLabel, Counter>::default();

@@ -649,6 +649,153 @@ async fn large_chunked_downloads_stream_with_the_right_length() {
     assert_eq!(total, SIZE);
 }
 
+/// A backend on a raw socket that answers every request on every
+/// connection with `answer`, byte for byte: for responses no HTTP library
+/// would produce. Requests are read up to the end of their head and a
+/// `Content-Length` body.
+async fn raw_backend(answer: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: its head, then its declared body.
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let body_len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + body_len {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..head_end + body_len);
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_response_with_content_length_and_transfer_encoding_arrives_whole() {
+    // RFC 9112 §6.3: Transfer-Encoding decides the length; the stale
+    // Content-Length must not reach the client.
+    const WHOLE: &str = "0123456789abcdefghijklmnopqrstuvwxyz";
+    static ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\n\
+        Content-Type: text/plain\r\n\
+        Content-Length: 5\r\n\
+        Transfer-Encoding: chunked\r\n\
+        \r\n\
+        a\r\n0123456789\r\n1a\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\n\r\n";
+    let backend = raw_backend(ANSWER).await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{backend}"))
+        .start();
+    let client = Client::new();
+
+    // Passthrough, a versioned read and a versioned write (both stamped
+    // with an ETag only: the body is not JSON).
+    let passthrough = client.get(lockstep.proxy_url_for("/plain/x")).send().await;
+    let read = client
+        .get(lockstep.proxy_url_for("/articles/1"))
+        .send()
+        .await;
+    let write = client
+        .patch(lockstep.proxy_url_for("/articles/1"), json!({"n": 1}))
+        .if_match(1)
+        .send()
+        .await;
+    for (what, resp, etag) in [
+        ("passthrough", &passthrough, None),
+        ("versioned read", &read, Some("\"1\"")),
+        ("versioned write", &write, Some("\"2\"")),
+    ] {
+        assert_eq!(resp.status, 200, "{what}: {resp:?}");
+        assert_eq!(resp.text(), WHOLE, "{what}: the body was cut: {resp:?}");
+        assert_eq!(resp.etag().as_deref(), etag, "{what}: {resp:?}");
+        assert_ne!(
+            resp.header("content-length").as_deref(),
+            Some("5"),
+            "{what}: the stale length reached the client: {resp:?}"
+        );
+    }
+}
+
+/// Writes `request` on a fresh connection, half-closes the write side
+/// (FIN), and reads until lockstep closes: everything it answered.
+async fn half_closed_exchange(addr: SocketAddr, request: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("lockstep neither answered nor closed")
+        .expect("read the answer");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
+    // RFC 9112 §9.6: a client may close its sending side after a request.
+    let backend = Backend::start();
+    seed(&backend, "/articles/hc", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let read = half_closed_exchange(
+        lockstep.proxy_addr(),
+        "GET /echo/hc HTTP/1.1\r\nHost: example\r\n\r\n".into(),
+    )
+    .await;
+    assert_eq!(raw_status(&read), Some(200), "passthrough: {read:?}");
+    assert!(read.contains("\"path\":\"/echo/hc\""), "{read:?}");
+
+    let body = r#"{"title":"b"}"#;
+    let write = half_closed_exchange(
+        lockstep.proxy_addr(),
+        format!(
+            "PATCH /articles/hc HTTP/1.1\r\nHost: example\r\nIf-Match: \"1\"\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await;
+    assert_eq!(raw_status(&write), Some(200), "versioned write: {write:?}");
+    assert!(
+        write.to_ascii_lowercase().contains("etag: \"2\""),
+        "{write:?}"
+    );
+    assert!(write.ends_with(r#"{"title":"b","version":2}"#), "{write:?}");
+    assert_eq!(
+        backend.stored("/articles/hc").await,
+        Some(json!({"title": "b"}))
+    );
+}
+
 /// A request body fed from a channel: the test decides when each chunk is
 /// sent and when the body ends.
 struct Fed(tokio::sync::mpsc::Receiver<Bytes>);

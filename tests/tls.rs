@@ -402,6 +402,42 @@ async fn changed_files_are_picked_up_and_a_broken_pair_keeps_the_old_certificate
 }
 
 #[tokio::test]
+async fn a_tls_client_that_half_closes_after_its_request_still_gets_the_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = Pki::new();
+    let (cert, key, _) = pki.issue("lockstep");
+    let backend = Backend::start();
+    let lockstep = serving(&backend, &cert, &key, 10_000);
+
+    let body = r#"{"title":"half"}"#;
+    let mut stream = connect(lockstep.proxy_addr(), pki.roots(), &[b"http/1.1"]).await;
+    let request = format!(
+        "PUT /articles/tls-hc HTTP/1.1\r\nHost: example\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // close_notify, then FIN: the sending side is done.
+    stream.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    // Whether lockstep ends with close_notify or just closes is not the
+    // point; what it sent before that is.
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("lockstep neither answered nor closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(
+        answer.to_ascii_lowercase().contains("etag: \"2\""),
+        "{answer:?}"
+    );
+    assert!(
+        answer.ends_with(r#"{"title":"half","version":2}"#),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test]
 async fn sighup_without_tls_does_not_stop_lockstep() {
     let backend = Backend::start();
     let lockstep = Lockstep::in_front_of(&backend);

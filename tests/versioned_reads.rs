@@ -9,7 +9,7 @@ mod versioned_support;
 
 use common::{Backend, Client, Lockstep};
 use serde_json::json;
-use versioned_support::{logged_header, read_version, received, seed};
+use versioned_support::{closed_port, logged_header, read_version, received, seed};
 
 #[tokio::test]
 async fn get_returns_the_backend_body_with_etag_1_and_version_1() {
@@ -276,6 +276,47 @@ async fn json_object_with_a_plus_json_media_type_is_stamped() {
 }
 
 #[tokio::test]
+async fn json_responses_are_stamped_under_any_json_media_type_and_past_a_byte_order_mark() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/tj", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/tj");
+
+    for media_type in [
+        "text/json",
+        "application/x-json",
+        "Text/JSON; charset=utf-8",
+    ] {
+        let resp = client
+            .get(&url)
+            .header("x-backend-body", "{\"a\":1}")
+            .header("x-backend-content-type", media_type)
+            .send()
+            .await;
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert_eq!(resp.json(), json!({"a": 1, "version": 1}), "{media_type}");
+    }
+
+    let bom = client
+        .get(&url)
+        .header("x-backend-body", "\u{FEFF}{\"a\":1}")
+        .send()
+        .await;
+    assert_eq!(bom.status, 200, "{bom:?}");
+    assert!(
+        bom.body.starts_with(b"\xEF\xBB\xBF"),
+        "the mark is kept: {bom:?}"
+    );
+    let stamped: serde_json::Value = serde_json::from_slice(&bom.body[3..]).unwrap();
+    assert_eq!(stamped, json!({"a": 1, "version": 1}));
+    assert_eq!(
+        bom.header("content-length"),
+        Some(bom.body.len().to_string())
+    );
+}
+
+#[tokio::test]
 async fn items_never_written_read_as_version_1_on_auto_collections() {
     let backend = Backend::start();
     let lockstep = Lockstep::in_front_of(&backend);
@@ -396,4 +437,209 @@ async fn reads_ask_the_backend_for_an_unencoded_body_and_drop_conditional_header
             gets[0]
         );
     }
+}
+
+// ----------------------------------------------------------------- ranges
+
+#[tokio::test]
+async fn range_on_a_stamped_read_is_ignored_and_if_range_never_reaches_the_backend() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/rg",
+        json!({"title": "a long enough title"}),
+    )
+    .await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/rg");
+    let whole = json!({"title": "a long enough title", "version": 1});
+
+    // The backend itself honours ranges (the premise of this test).
+    let direct = client
+        .get(backend.url_for("/articles/rg"))
+        .header("range", "bytes=0-4")
+        .send()
+        .await;
+    assert_eq!(direct.status, 206, "{direct:?}");
+    backend.clear_log().await;
+
+    for (range, if_range) in [
+        ("bytes=0-4", None),
+        // A current validator, a stale one, and the backend's own tag.
+        ("bytes=0-4", Some("\"1\"")),
+        ("bytes=0-4", Some("\"0\"")),
+        ("bytes=2-", Some("\"backend-1\"")),
+    ] {
+        let mut req = client.get(&url).header("range", range);
+        if let Some(tag) = if_range {
+            req = req.header("if-range", tag);
+        }
+        let resp = req.send().await;
+        assert_eq!(resp.status, 200, "{range} / {if_range:?}: {resp:?}");
+        assert_eq!(resp.header("content-range"), None, "{resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+        assert_eq!(resp.json(), whole, "the whole stamped body: {resp:?}");
+        assert_eq!(
+            resp.header("content-length"),
+            Some(resp.body.len().to_string())
+        );
+    }
+
+    let gets = received(&backend, "GET", "/articles/rg").await;
+    assert_eq!(gets.len(), 4, "{gets:?}");
+    for get in &gets {
+        for header in ["range", "if-range"] {
+            assert!(
+                logged_header(get, header).is_empty(),
+                "{header} reached the backend: {get}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn range_is_ignored_on_etag_only_reads_too() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/rn", json!({"title": "not stamped"})).await;
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .versioning_toml("body_field = \"\"")
+        .start();
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/rn"))
+        .header("range", "bytes=0-4")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+    assert_eq!(resp.json(), json!({"title": "not stamped"}));
+}
+
+#[tokio::test]
+async fn a_206_the_client_did_not_ask_for_carries_no_version() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/rp", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    // A backend that answers 206 on its own: passed on, never as version 1.
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/articles/rp"))
+        .header("x-backend-apply-then-status", "206")
+        .send()
+        .await;
+    assert_eq!(resp.status, 206, "{resp:?}");
+    assert_eq!(resp.etag(), None, "{resp:?}");
+    assert_eq!(resp.json(), json!({"title": "t"}));
+}
+
+// ------------------------------------------------- no ETag lockstep did not issue
+
+#[tokio::test]
+async fn with_the_database_down_reads_pass_unstamped_with_no_etag_at_all() {
+    let backend = Backend::start();
+    seed(
+        &backend,
+        "/articles/down",
+        json!({"title": "still readable"}),
+    )
+    .await;
+    // A PostgreSQL nobody listens on: every store call fails at once.
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .database(format!("postgres://lockstep@{}/lockstep", closed_port()))
+        .database_toml("acquire_timeout_ms = 250")
+        .start();
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/down");
+
+    let get = client.get(&url).send().await;
+    assert_eq!(get.status, 200, "{get:?}");
+    assert_eq!(get.json(), json!({"title": "still readable"}), "unstamped");
+    assert_eq!(get.etag(), None, "the backend's tag must not pass: {get:?}");
+
+    let head = client.head(&url).send().await;
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(head.etag(), None, "{head:?}");
+
+    // Without a version, a range is the backend's to serve...
+    let part = client.get(&url).header("range", "bytes=0-4").send().await;
+    assert_eq!(part.status, 206, "{part:?}");
+    assert_eq!(part.text(), "{\"tit");
+    assert_eq!(part.etag(), None, "{part:?}");
+    // ...but never one its If-Range no longer guards.
+    let guarded = client
+        .get(&url)
+        .header("range", "bytes=0-4")
+        .header("if-range", "\"backend-1\"")
+        .send()
+        .await;
+    assert_eq!(guarded.status, 200, "{guarded:?}");
+    assert_eq!(guarded.json(), json!({"title": "still readable"}));
+    let gets = received(&backend, "GET", "/articles/down").await;
+    assert_eq!(gets.len(), 3, "{gets:?}");
+    assert!(
+        logged_header(&gets[2], "if-range").is_empty(),
+        "{}",
+        gets[2]
+    );
+    assert!(logged_header(&gets[2], "range").is_empty(), "{}", gets[2]);
+
+    // Writes fail closed meanwhile.
+    let write = client
+        .patch(&url, json!({"title": "x"}))
+        .header("if-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(write.status, 503, "{write:?}");
+}
+
+#[tokio::test]
+async fn a_backend_etag_never_passes_on_a_versioned_route() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/fe", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/fe");
+    // A tag that looks like one of lockstep's versions.
+    let foreign = "\"7\"";
+
+    let missing = client
+        .get(lockstep.proxy_url_for("/articles/nope"))
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(missing.status, 404, "{missing:?}");
+    assert_eq!(missing.etag(), None, "{missing:?}");
+
+    for (method, status) in [("GET", "500"), ("PATCH", "422"), ("PATCH", "503")] {
+        let resp = client
+            .request(method.parse().unwrap(), &url)
+            .json(&json!({"title": "x"}))
+            .header("x-backend-status", status)
+            .header("x-backend-etag", foreign)
+            .send()
+            .await;
+        assert_eq!(resp.status.to_string(), status, "{resp:?}");
+        assert_eq!(resp.etag(), None, "{method} answered {status}: {resp:?}");
+    }
+
+    let refused_create = client
+        .post(lockstep.proxy_url_for("/articles"), json!({"title": "no"}))
+        .header("x-backend-status", "422")
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(refused_create.status, 422, "{refused_create:?}");
+    assert_eq!(refused_create.etag(), None, "{refused_create:?}");
+
+    // Where lockstep does tag, its tag replaces the backend's (version 2:
+    // the 503 to the PATCH above may have applied it).
+    let ok = client
+        .get(&url)
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(ok.header_all("etag"), vec!["\"2\"".to_owned()], "{ok:?}");
 }

@@ -146,6 +146,121 @@ async fn a_json_body_without_content_type_is_read_for_its_version() {
 }
 
 #[tokio::test]
+async fn json_bodies_are_read_for_their_version_under_any_json_media_type() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/mt", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/mt");
+
+    let mut current = 1;
+    for media_type in [
+        "text/json",
+        "application/x-json",
+        "TEXT/X-JSON; charset=utf-8",
+        "application/merge-patch+json",
+        "text/vnd.example+json",
+    ] {
+        let stale = client
+            .request(Method::PATCH, &url)
+            .header("content-type", media_type)
+            .body(r#"{"version": 99, "title": "stale"}"#)
+            .send()
+            .await;
+        assert_conflict(&stale, 409, current);
+
+        let ok = client
+            .request(Method::PATCH, &url)
+            .header("content-type", media_type)
+            .body(format!(r#"{{"version": {current}, "title": "ok"}}"#))
+            .send()
+            .await;
+        assert_eq!(ok.status, 200, "{media_type}: {ok:?}");
+        current += 1;
+        assert_eq!(ok.etag_version(), Some(current), "{media_type}: {ok:?}");
+    }
+    let writes = writes_received(&backend, "/articles/mt").await;
+    assert_eq!(writes.len(), 5, "only the current writes: {writes:?}");
+    for write in &writes {
+        assert_eq!(write["body"], r#"{"title":"ok"}"#, "{write}");
+    }
+}
+
+#[tokio::test]
+async fn a_byte_order_mark_before_the_json_is_looked_past_and_kept() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/bom", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/bom");
+
+    for content_type in [None, Some("application/json")] {
+        let mut stale = client
+            .request(Method::PATCH, &url)
+            .body("\u{FEFF}{\"version\": 99, \"title\": \"stale\"}");
+        if let Some(ct) = content_type {
+            stale = stale.header("content-type", ct);
+        }
+        assert_conflict(&stale.send().await, 409, 1);
+    }
+    assert!(writes_received(&backend, "/articles/bom").await.is_empty());
+
+    let ok = client
+        .request(Method::PATCH, &url)
+        .body("\u{FEFF}{\"version\": 1, \"title\": \"b\"}")
+        .send()
+        .await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    assert_eq!(ok.etag().as_deref(), Some("\"2\""));
+    let writes = writes_received(&backend, "/articles/bom").await;
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        writes[0]["body"], "\u{FEFF}{\"title\":\"b\"}",
+        "forwarded as sent, byte order mark included, less the version"
+    );
+}
+
+#[tokio::test]
+async fn a_version_in_a_body_declared_as_not_json_is_refused_not_forwarded() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/nj", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/nj");
+
+    // `curl -d` labels a body as a form; nothing guessed, nothing forwarded.
+    for content_type in ["application/x-www-form-urlencoded", "text/plain"] {
+        let resp = client
+            .request(Method::PATCH, &url)
+            .header("content-type", content_type)
+            .body(r#"{"version": 99, "title": "stale"}"#)
+            .send()
+            .await;
+        let doc = assert_problem(&resp, 400, "invalid-body");
+        assert!(
+            doc["detail"].as_str().unwrap().contains(content_type),
+            "{doc}"
+        );
+    }
+    assert!(writes_received(&backend, "/articles/nj").await.is_empty());
+    assert_eq!(current_version(&client, &lockstep, "/articles/nj").await, 1);
+
+    // The same type without a version member is forwarded as it is.
+    let plain = client
+        .request(Method::PUT, &url)
+        .header("content-type", "text/plain")
+        .body(r#"{"title": "x"}"#)
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(plain.status, 200, "{plain:?}");
+    assert_eq!(plain.etag().as_deref(), Some("\"2\""));
+    let writes = writes_received(&backend, "/articles/nj").await;
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0]["body"], r#"{"title": "x"}"#);
+}
+
+#[tokio::test]
 async fn if_match_lists_accept_any_listed_version_and_star_accepts_any() {
     let backend = Backend::start();
     seed(&backend, "/articles/l", json!({"title": "a"})).await;
@@ -472,6 +587,71 @@ async fn backend_5xx_bumps_the_version_and_passes_the_5xx_on() {
         .await;
     assert_eq!(next.status, 200, "{next:?}");
     assert_eq!(next.etag().as_deref(), Some("\"4\""));
+}
+
+#[tokio::test]
+async fn a_3xx_after_a_write_counts_as_applied_and_carries_the_new_etag() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/r", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/r");
+
+    // The common one: 303 See Other to the updated resource.
+    let redirected = client
+        .patch(&url, json!({"title": "b"}))
+        .if_match(1)
+        .header("x-backend-apply-then-status", "303")
+        .send()
+        .await;
+    assert_eq!(redirected.status, 303, "{redirected:?}");
+    assert_eq!(
+        redirected.header("location").as_deref(),
+        Some("/articles/r")
+    );
+    assert_eq!(
+        redirected.etag().as_deref(),
+        Some("\"2\""),
+        "a redirect after a write carries the new version: {redirected:?}"
+    );
+    assert_eq!(
+        backend.stored("/articles/r").await,
+        Some(json!({"title": "b"}))
+    );
+    // The write is not lost: a client still holding version 1 is stale.
+    assert_conflict(
+        &client
+            .patch(&url, json!({"title": "lost"}))
+            .if_match(1)
+            .send()
+            .await,
+        409,
+        2,
+    );
+
+    // Every other 3xx, 304 included, is read the same way.
+    let mut expected = 2;
+    for status in [301, 302, 304, 307, 308] {
+        let resp = client
+            .request(Method::PUT, &url)
+            .json(&json!({"title": status}))
+            .if_match(expected)
+            .header("x-backend-apply-then-status", status.to_string())
+            .send()
+            .await;
+        expected += 1;
+        assert_eq!(resp.status, status, "{resp:?}");
+        assert_eq!(resp.etag_version(), Some(expected), "{status}: {resp:?}");
+        assert_eq!(
+            current_version(&client, &lockstep, "/articles/r").await,
+            expected,
+            "{status} bumps the version"
+        );
+    }
+    assert_eq!(
+        read_version(&client, &lockstep, "/articles/r").await,
+        expected
+    );
 }
 
 #[tokio::test]

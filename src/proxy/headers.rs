@@ -58,6 +58,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Removes `Content-Length` from a message that also has
+/// `Transfer-Encoding` (RFC 9112 §6.3: the transfer coding decides the
+/// length, and the other header must be removed before forwarding).
+///
+/// Why here: hyper reads such a response by its transfer coding but keeps
+/// both headers; once `Transfer-Encoding` is gone as hop-by-hop, the stale
+/// `Content-Length` would be the only length the client sees, and the body
+/// would be cut to it.
+pub fn drop_length_beside_transfer_encoding(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+}
+
 /// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
 /// `X-Forwarded-Host` (from `Host`, or the HTTP/2 authority).
 pub fn add_forwarded(
@@ -127,6 +141,19 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn content_length_beside_transfer_encoding_is_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert("content-length", "5".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        drop_length_beside_transfer_encoding(&mut h);
+        assert!(!h.contains_key("content-length"));
+        let mut h = HeaderMap::new();
+        h.insert("content-length", "5".parse().unwrap());
+        drop_length_beside_transfer_encoding(&mut h);
+        assert_eq!(h["content-length"], "5");
     }
 
     #[test]

@@ -231,6 +231,7 @@ impl Upstream {
     pub async fn send(&self, req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
         let started = Instant::now();
         let result = self.pool.send(req).await.map(|mut resp| {
+            headers::drop_length_beside_transfer_encoding(resp.headers_mut());
             headers::strip_hop_by_hop(resp.headers_mut());
             resp
         });

@@ -64,7 +64,11 @@ pub async fn serve<H: Handler>(
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout)
         .max_buf_size(settings.max_header_bytes.max(8192))
-        .keep_alive(true);
+        .keep_alive(true)
+        // A client may close its sending side once its request is out
+        // (RFC 9112 §9.6) and still expects the answer; without this,
+        // hyper takes the FIN for a client gone and drops the request.
+        .half_close(true);
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -16,15 +16,17 @@
 //!   that finds the lease taken waits (bounded) for it, then re-checks.
 //! * **forward** — the write goes to the backend without `If-Match` and
 //!   without the version field.
-//! * **commit / abort / bump-and-hold** — 2xx and 5xx bump the version (a 5xx
-//!   may have applied the write), 4xx releases the lease unchanged, and no
-//!   answer at all bumps but keeps the key closed until the lease runs out,
-//!   because the backend may still be applying the write.
+//! * **commit / abort / bump-and-hold** — 2xx, 3xx and 5xx bump the version
+//!   (a 3xx such as a 303 to the updated resource reports a write that was
+//!   applied; a 5xx may have applied it), 4xx releases the lease unchanged,
+//!   and no answer at all bumps but keeps the key closed until the lease runs
+//!   out, because the backend may still be applying the write.
 //! * **stamp** — `ETag` and the body field carry the new version.
 //!
 //! The part from claim to commit runs in its own task, so a client that
 //! hangs up mid-write cannot leave a lease behind.
 
+pub mod detect;
 pub mod precondition;
 pub mod stamp;
 
@@ -187,7 +189,18 @@ impl Versioning {
         }
         let is_head = parts.method == Method::HEAD;
         let stamp_body = !self.settings.body_field.is_empty() && version.is_some();
-        for h in [header::IF_NONE_MATCH, header::IF_MATCH, header::IF_RANGE] {
+        // A response carrying lockstep's ETag is always the whole
+        // representation: the version is read before the backend answers,
+        // so two ranges under one tag could come from two different
+        // states of the item. `Range` goes only where no ETag will be set
+        // (the store is down). `If-Range` is never forwarded: it names
+        // lockstep's tags, which the backend does not know, and a `Range`
+        // it guarded is dropped with it rather than sent unguarded.
+        let guarded_range = parts.headers.remove(header::IF_RANGE).is_some();
+        if version.is_some() || guarded_range {
+            parts.headers.remove(header::RANGE);
+        }
+        for h in [header::IF_NONE_MATCH, header::IF_MATCH] {
             parts.headers.remove(h);
         }
         if stamp_body {
@@ -225,6 +238,14 @@ impl Versioning {
                 outcome("read-passthrough"),
             ));
         }
+        if resp.status() == StatusCode::PARTIAL_CONTENT {
+            // A part nobody asked for (Range was not forwarded): passed on,
+            // but never under a version, which names a whole item.
+            return Ok((
+                passthrough_response(resp, is_head),
+                outcome("read-partial-unstamped"),
+            ));
+        }
         if precondition::if_none_match_hits(&inm_headers, version) {
             return Ok((not_modified(resp, version), outcome("not-modified")));
         }
@@ -251,11 +272,13 @@ impl Versioning {
             .read_request_body(&parts, body)
             .await
             .map_err(|e| (e, None))?;
-        let json = stamp::is_json(&parts.headers)
-            || (!parts.headers.contains_key(header::CONTENT_TYPE)
-                && raw.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'));
+        let field = &self.settings.body_field;
+        let (bom, text) = detect::split_bom(&raw);
+        let json =
+            detect::write_body_is_json(&parts.headers, &text, field).map_err(|e| (e, None))?;
         let (forward_body, body_version) =
-            stamp::take_version(&raw, json, &self.settings.body_field).map_err(|e| (e, None))?;
+            stamp::take_version(&text, json, field).map_err(|e| (e, None))?;
+        let forward_body = detect::with_bom(bom, forward_body);
         let expected = precondition::combine(header_expect, body_version).map_err(|e| (e, None))?;
         if expected == Expected::Unchecked && self.settings.require_precondition {
             self.metrics.conflict(ConflictReason::PreconditionRequired);
@@ -302,8 +325,9 @@ impl Versioning {
         let store_err = |e: Error| (e, Some(held));
 
         match self.upstream.send(fwd).await {
-            Ok(resp) if resp.status().is_success() || resp.status().is_server_error() => {
-                // The write happened, or (5xx) may have: the version moves on.
+            Ok(resp) if applied_or_unknown(resp.status()) => {
+                // The write happened (2xx, 3xx), or (5xx) may have: the
+                // version moves on.
                 let new = self
                     .store
                     .commit(&key, &lease_id)
@@ -332,7 +356,7 @@ impl Versioning {
                 Ok((resp, outcome(Some(new), "committed")))
             }
             Ok(resp) => {
-                // The backend refused (4xx) or redirected: nothing changed.
+                // The backend refused (4xx): nothing changed.
                 self.store.abort(&key, &lease_id).await.map_err(store_err)?;
                 Ok((
                     passthrough_response(resp, false),
@@ -474,7 +498,7 @@ impl Versioning {
             return (None, passthrough(resp, "create-passthrough"));
         }
         // The new item's key: from Location, else from the body's "id".
-        let (parts, incoming) = resp.into_parts();
+        let (mut parts, incoming) = resp.into_parts();
         let location_key = parts
             .headers
             .get(header::LOCATION)
@@ -486,11 +510,14 @@ impl Versioning {
             Err(e) => return (location_key, Err((e, None))),
         };
         let key = location_key.or_else(|| match &buffered {
-            Buffered::Complete(bytes) if stamp::is_json(&parts.headers) => id_of(bytes)
-                .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id)))),
+            Buffered::Complete(bytes) if stamp::is_json(&parts.headers) => {
+                id_of(&detect::split_bom(bytes).1)
+                    .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id))))
+            }
             _ => None,
         });
         let Some(key) = key else {
+            parts.headers.remove(header::ETAG);
             let resp = Response::from_parts(parts, rebuild(buffered));
             return (
                 None,
@@ -508,6 +535,7 @@ impl Versioning {
             Err(e) => {
                 // The backend created the item; say so, without a version.
                 tracing::error!(error = %crate::error::chain(&e), key = %key, "created item could not be versioned");
+                parts.headers.remove(header::ETAG);
                 let resp = Response::from_parts(parts, rebuild(buffered));
                 return (
                     Some(key),
@@ -581,8 +609,9 @@ impl Versioning {
             Buffered::Complete(bytes) => {
                 let bytes = if stamp::is_json(&parts.headers) && !stamp::is_encoded(&parts.headers)
                 {
-                    stamp::stamp_version(&bytes, &self.settings.body_field, version)
-                        .unwrap_or(bytes)
+                    let (bom, text) = detect::split_bom(&bytes);
+                    stamp::stamp_version(&text, &self.settings.body_field, version)
+                        .map_or(bytes, |stamped| detect::with_bom(bom, stamped))
                 } else {
                     bytes
                 };
@@ -642,6 +671,16 @@ impl Versioning {
     }
 }
 
+/// Whether a backend's answer to a write means the write was applied, or
+/// may have been. 2xx: applied. 3xx: applied too; a redirect after a write
+/// (a 303 to the updated resource is the common one) reports success, and
+/// a 304 is read the same way, because counting a write that happened as
+/// one that did not would let a stale client overwrite it. 5xx: unknown.
+/// Only a 4xx (and a 1xx, which never ends an exchange) leaves the version.
+fn applied_or_unknown(status: StatusCode) -> bool {
+    status.is_success() || status.is_redirection() || status.is_server_error()
+}
+
 fn with_query(path: &str, uri: &http::Uri) -> PathAndQuery {
     let text = match uri.query() {
         Some(q) => format!("{path}?{q}"),
@@ -658,9 +697,13 @@ fn set_etag(headers: &mut HeaderMap, version: i64) {
     }
 }
 
-/// The backend's response, streamed on (bodyless for HEAD).
+/// The backend's response, streamed on (bodyless for HEAD), without the
+/// backend's `ETag`: on a versioned route every tag a client sees is one
+/// lockstep issued, so a client can never send one of the backend's back
+/// in `If-Match` and have it read as a version.
 fn passthrough_response(resp: Response<PooledBody>, head: bool) -> Response<Body> {
-    let (parts, incoming) = resp.into_parts();
+    let (mut parts, incoming) = resp.into_parts();
+    parts.headers.remove(header::ETAG);
     let body = if head {
         body::empty()
     } else {

@@ -11,7 +11,10 @@ use serde_json::{Map, Value};
 
 use crate::error::Error;
 
-/// `application/json`, or any `…/…+json` type.
+/// Whether `Content-Type` names JSON: any `…/json` (`application/json`,
+/// `text/json`), `…/x-json`, or `…/…+json` type, case-insensitive,
+/// parameters ignored. Generous on purpose: a write whose JSON body went
+/// unread would be forwarded with its version unchecked.
 pub fn is_json(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
@@ -22,7 +25,10 @@ pub fn is_json(headers: &HeaderMap) -> bool {
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    essence == "application/json" || (essence.contains('/') && essence.ends_with("+json"))
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    !kind.is_empty() && (subtype == "json" || subtype == "x-json" || subtype.ends_with("+json"))
 }
 
 /// Whether the body is encoded (gzip …) and so cannot be rewritten.
@@ -179,8 +185,15 @@ mod tests {
         assert!(h("application/json; charset=utf-8"));
         assert!(h("application/merge-patch+json"));
         assert!(h("Application/JSON"));
+        assert!(h("text/json"));
+        assert!(h("application/x-json"));
+        assert!(h("TEXT/X-JSON ; charset=utf-8"));
+        assert!(h("application/problem+JSON"));
         assert!(!h("text/plain"));
         assert!(!h("application/jsonx"));
+        assert!(!h("application/json-seq"));
+        assert!(!h("json"));
+        assert!(!h("/json"));
         assert!(!is_json(&HeaderMap::new()));
     }
 }
