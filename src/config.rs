@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::resources::ResourceConfig;
 use crate::resources::ResourceMap;
 use crate::tls::CertFiles;
 
@@ -198,14 +199,6 @@ impl Default for LogConfig {
             access_log: true,
         }
     }
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceConfig {
-    pub pattern: String,
-    #[serde(default)]
-    pub collection: Option<String>,
 }
 
 /// Values given on the command line; they win over file and environment.
