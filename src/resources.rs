@@ -604,8 +604,8 @@ fn alias_kinds(raw_path: &str) -> Vec<&'static str> {
         (";", "a ';' path parameter"),
         ("%3B", "an encoded ';' (%3B)"),
         ("%2F", "an encoded '/' (%2F)"),
-        ("\\", "a '\\'"),
-        ("%5C", "an encoded '\\' (%5C)"),
+        ("\\", "a backslash"),
+        ("%5C", "an encoded backslash (%5C)"),
         ("%2E", "an encoded '.' (%2E)"),
     ] {
         if has(needle) {
