@@ -9,6 +9,9 @@
 //! create: forward ─► created ─► stamp ─► log
 //! ```
 //!
+//! * **method** — which method the request is checked as ([`method`]): a
+//!   method override on a `POST` is checked as the write it names; a method
+//!   in the wrong case or any other override is refused.
 //! * **precondition** — the expected version from `If-Match` and the body;
 //!   bad input is refused here, before anything is stored.
 //! * **claim** — one conditional UPDATE takes the key's write lease at the
@@ -27,6 +30,7 @@
 //! hangs up mid-write cannot leave a lease behind.
 
 pub mod detect;
+pub mod method;
 pub mod precondition;
 pub mod stamp;
 
@@ -109,7 +113,31 @@ impl Versioning {
         let started = Instant::now();
         let method = req.method().clone();
         let raw_path = req.uri().path().to_string();
-        let (kind, key, result) = match (route, &method) {
+        // A method override is checked as the write it names; the request
+        // is forwarded as sent, since the backend will apply it as that.
+        let checked_as = match method::effective(&method, req.headers(), req.uri().query()) {
+            Ok(m) => m,
+            Err(e) => {
+                let (kind, key) = match route {
+                    Route::Item { key, .. } if method == Method::GET || method == Method::HEAD => {
+                        (RequestKind::VersionedRead, key.clone())
+                    }
+                    Route::Item { key, .. } => (RequestKind::VersionedWrite, key.clone()),
+                    Route::Collection { .. } | Route::Unversioned => {
+                        (RequestKind::CollectionCreate, String::new())
+                    }
+                };
+                return Ok(Self::log_and_respond(
+                    kind,
+                    &method,
+                    &raw_path,
+                    &key,
+                    Err((e, None)),
+                    started,
+                ));
+            }
+        };
+        let (kind, key, result) = match (route, &checked_as) {
             (Route::Item { key, path }, &Method::GET | &Method::HEAD) => {
                 let pq = with_query(path, req.uri());
                 let result = self.read(req, key, pq, inbound).await;
@@ -131,6 +159,21 @@ impl Versioning {
             }
             _ => return Err(req),
         };
+        Ok(Self::log_and_respond(
+            kind, &method, &raw_path, &key, result, started,
+        ))
+    }
+
+    /// The response for a versioned request's result, and its access line:
+    /// exactly one per request.
+    fn log_and_respond(
+        kind: RequestKind,
+        method: &Method,
+        raw_path: &str,
+        key: &str,
+        result: Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
+        started: Instant,
+    ) -> (RequestKind, Response<Body>) {
         let (response, outcome) = match result {
             Ok((response, outcome)) => (response, outcome),
             Err((err, before)) => {
@@ -159,7 +202,7 @@ impl Versioning {
             latency_ms = started.elapsed().as_secs_f64() * 1000.0,
             "versioned request"
         );
-        Ok((kind, response))
+        (kind, response)
     }
 
     // ---------------------------------------------------------------- read
