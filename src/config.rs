@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::resources::ResourceConfig;
 use crate::resources::ResourceMap;
 use crate::tls::CertFiles;
 
@@ -198,14 +199,6 @@ impl Default for LogConfig {
             access_log: true,
         }
     }
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceConfig {
-    pub pattern: String,
-    #[serde(default)]
-    pub collection: Option<String>,
 }
 
 /// Values given on the command line; they win over file and environment.
@@ -648,6 +641,18 @@ mod tests {
             ("[log]\nformat = \"xml\"\n", "format"),
             ("[[resources]]\npattern = \"articles/{id}\"\n", "pattern"),
             ("[[resources]]\npattern = \"/a/{id\"\n", "pattern"),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\n[[resources]]\npattern = \"/A/{x}\"\n",
+                "resources[1].pattern \"/A/{x}\": matches the same paths as resources[0]",
+            ),
+            (
+                "[[resources]]\npattern = \"/settings\"\ncase_insensitive_ids = true\n",
+                "resources[0].case_insensitive_ids",
+            ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\ncase_insensitive_ids = \"yes\"\n",
+                "case_insensitive_ids",
+            ),
         ];
         for (text, needle) in cases {
             let e = load(text, &[]).unwrap_err().to_string();

@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::body::{self, Body};
 use crate::error::Error;
+use crate::resources::PathError;
 use crate::timefmt::rfc3339_ms;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
@@ -91,8 +92,11 @@ impl From<&Error> for Problem {
             Error::InvalidBody(_) => {
                 Problem::new(S::BAD_REQUEST, "invalid-body", "Invalid request body", detail)
             }
-            Error::InvalidPath(crate::resources::PathError::TooLong(_)) => {
+            Error::InvalidPath(PathError::TooLong(_)) => {
                 Problem::new(S::URI_TOO_LONG, "invalid-path", "Invalid request path", detail)
+            }
+            Error::InvalidPath(PathError::Ambiguous(_)) => {
+                Problem::new(S::BAD_REQUEST, "ambiguous-path", "Ambiguous request path", detail)
             }
             Error::InvalidPath(_) => {
                 Problem::new(S::BAD_REQUEST, "invalid-path", "Invalid request path", detail)
@@ -193,7 +197,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::error::HeldLock;
-    use crate::resources::PathError;
+    use crate::resources::{Ambiguity, Reading};
 
     fn status_and_type(e: Error) -> (u16, String) {
         let p = Problem::from(&e);
@@ -210,9 +214,24 @@ mod tests {
             ),
             (Error::InvalidBody("x".into()), 400, "invalid-body"),
             (
-                Error::InvalidPath(PathError::AboveRoot),
+                Error::InvalidPath(PathError::NotUtf8("%ff".into())),
                 400,
                 "invalid-path",
+            ),
+            (
+                Error::InvalidPath(PathError::ControlCharacter("\n".into())),
+                400,
+                "invalid-path",
+            ),
+            (
+                Error::InvalidPath(PathError::Ambiguous(Box::new(Ambiguity {
+                    path: "/a;x".into(),
+                    aliases: vec![],
+                    strict: Reading::Nothing,
+                    lenient: Reading::Nothing,
+                }))),
+                400,
+                "ambiguous-path",
             ),
             (
                 Error::InvalidPath(PathError::TooLong(5000)),

@@ -1,21 +1,42 @@
-//! Maps request paths to resource keys: which paths are versioned, and under
-//! which stable key their version lives.
+//! Maps request paths to resource keys, and decides what happens to a path
+//! that some backend might read as a different resource than lockstep does.
 //!
 //! Why normalise: a version table is only as good as its keys. If
 //! `/articles/42`, `/articles/42/`, `/articles//42` and `/articles/%34%32`
 //! had different keys, two writers could each hold "the current version" of
-//! one resource. So every path is percent-decoded segment by segment, empty
-//! and `.` segments are dropped and `..` resolved before it is matched, and
-//! the key is the decoded segments joined by `/`. Versioned requests are then
-//! forwarded with that canonical path, so the backend and the version table
-//! agree on which resource was written. A decoded segment that contains `/`
-//! (`%2F`) would make the key ambiguous, so a versioned path with one is
-//! refused rather than guessed at. Paths that match no pattern are not
-//! lockstep's business and are forwarded byte for byte.
+//! one resource. The **strict reading** of a path percent-decodes it segment
+//! by segment, drops empty and `.` segments and resolves `..`; the key is the
+//! decoded segments joined by `/`. Versioned requests are forwarded with that
+//! canonical path, so the backend and the version table agree on which
+//! resource was written.
+//!
+//! Why a second reading: the backend, not lockstep, decides which resource a
+//! request touches, and real backends read paths leniently. Servlet
+//! containers drop `;params`, WSGI decodes `%2F`, WHATWG-URL parsers take `\`
+//! for `/` and clamp `..` at the root, Express matches literals without
+//! regard to case. A path lockstep forwarded unversioned (or versioned under
+//! another key) could still land on a versioned item: a lost update. The
+//! **lenient reading** is the union of those habits. The verdict, in one
+//! place ([`ResourceMap::classify`]):
+//!
+//! * neither reading names a versioned route: passthrough, byte for byte;
+//! * both name the very same route and key: versioned (the benign aliases
+//!   lockstep canonicalises: `//`, a trailing `/`, `.`/`..` inside the root,
+//!   percent-encoded unreserved characters);
+//! * anything else: refused, 400 `ambiguous-path`, never guessed at.
+//!
+//! Servlet containers strip `;params` from the raw segment before decoding,
+//! WSGI-style servers decode first; both orders are lenient readings, and
+//! both must agree. Most paths are canonical already and name nothing; for
+//! them the lenient reading is the path itself with literals compared
+//! without regard to case, which [`ResourceMap::classify`] checks without
+//! allocating.
+
+use std::borrow::Cow;
+use std::fmt;
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-
-use crate::config::ResourceConfig;
+use serde::Deserialize;
 
 /// Longest key accepted, in bytes, after decoding.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -39,12 +60,20 @@ const SEGMENT: &AsciiSet = &CONTROLS
     .add(b'[')
     .add(b']');
 
-/// The compiled `[[resources]]` table.
-#[derive(Debug, Clone)]
-pub struct ResourceMap {
-    items: matchit::Router<usize>,
-    collections: matchit::Router<usize>,
-    patterns: Vec<ResourceConfig>,
+/// One `[[resources]]` entry, as written in the config file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    /// Item routes, e.g. `/articles/{id}`; `{name}` fills one segment.
+    pub pattern: String,
+    /// Optional collection route: `POST` here creates an item.
+    #[serde(default)]
+    pub collection: Option<String>,
+    /// Fold the `{name}` segments to lowercase in the key, for a backend
+    /// that looks ids up case-insensitively. The forwarded path keeps the
+    /// client's spelling.
+    #[serde(default)]
+    pub case_insensitive_ids: bool,
 }
 
 /// What a request path is, as far as versioning is concerned.
@@ -55,51 +84,154 @@ pub enum Route {
     Item { key: String, path: String },
     /// A collection route: POST here creates items.
     Collection { path: String },
-    /// No pattern matches: proxied untouched.
+    /// No reading of the path names a versioned route: proxied untouched.
     Unversioned,
 }
 
-/// Why a path that would be versioned cannot be given a key.
+/// Why a path that would be versioned is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
     #[error("path segment {0:?} is not valid percent-encoded UTF-8")]
     NotUtf8(String),
-    #[error(
-        "path segment {0:?} decodes to a '/' (%2F), which would make the resource key ambiguous"
-    )]
-    EncodedSlash(String),
     #[error("path segment {0:?} contains a control character")]
     ControlCharacter(String),
-    #[error("the path's '..' segments climb above the root")]
-    AboveRoot,
     #[error("the resource key is {0} bytes long; the limit is {MAX_KEY_BYTES}")]
     TooLong(usize),
+    #[error("{0}")]
+    Ambiguous(Box<Ambiguity>),
+}
+
+/// A path whose strict and lenient readings disagree: what each reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ambiguity {
+    /// The path as the client sent it.
+    pub path: String,
+    /// The kinds of alias found in it, e.g. `a ';' parameter`.
+    pub aliases: Vec<&'static str>,
+    /// What lockstep's strict reading gives.
+    pub strict: Reading,
+    /// What a lenient backend reads, when the two disagree.
+    pub lenient: Reading,
+}
+
+/// One reading of a path, for the refusal's `detail`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    Item { key: String, path: String },
+    Collection { path: String },
+    Nothing,
+    AboveRoot,
+}
+
+impl fmt::Display for Reading {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reading::Item { key, path } => write!(f, "item {path} (key {key:?})"),
+            Reading::Collection { path } => write!(f, "collection {path}"),
+            Reading::Nothing => f.write_str("no versioned route"),
+            Reading::AboveRoot => f.write_str("nothing: its '..' segments climb above the root"),
+        }
+    }
+}
+
+impl fmt::Display for Ambiguity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let aliases = if self.aliases.is_empty() {
+            "an alias".to_string()
+        } else {
+            self.aliases.join(", ")
+        };
+        write!(
+            f,
+            "the path {:?} is ambiguous ({aliases}): a backend that reads paths leniently would take it as {}, while its exact reading is {}; lockstep refuses it rather than guess which one the backend would touch",
+            self.path, self.lenient, self.strict
+        )
+    }
+}
+
+/// Which reading a literal segment is compared under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    /// Byte for byte: the strict reading.
+    Exact,
+    /// Without regard to case: the lenient reading.
+    Folded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Item,
+    Collection,
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    /// `text` as configured; `folded` precomputed for the lenient reading.
+    Literal { text: String, folded: String },
+    /// A `{name}`: any one segment.
+    Param,
+}
+
+/// A compiled pattern.
+#[derive(Debug, Clone)]
+struct Pattern {
+    kind: Kind,
+    parts: Vec<Part>,
+    fold_ids: bool,
+    /// `resources[i].pattern` or `.collection`, for error messages.
+    origin: String,
+}
+
+/// The compiled `[[resources]]` table.
+#[derive(Debug, Clone)]
+pub struct ResourceMap {
+    /// In matching order: items before collections, and among patterns of
+    /// one kind a literal segment before a `{name}` at the first place they
+    /// differ, so the most specific pattern wins whatever the config order.
+    patterns: Vec<Pattern>,
 }
 
 impl ResourceMap {
     /// Compiles and validates the patterns; the error says which entry is
     /// wrong and how.
     pub fn new(entries: &[ResourceConfig]) -> Result<Self, String> {
-        let mut items = matchit::Router::new();
-        let mut collections = matchit::Router::new();
+        let mut patterns: Vec<Pattern> = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
-            check_pattern(&entry.pattern)
-                .map_err(|m| format!("resources[{i}].pattern {:?}: {m}", entry.pattern))?;
-            items
-                .insert(entry.pattern.clone(), i)
-                .map_err(|e| format!("resources[{i}].pattern {:?}: {e}", entry.pattern))?;
+            let mut add = |kind, field: &str, text: &str| -> Result<(), String> {
+                let origin = format!("resources[{i}].{field} {text:?}");
+                let parts = compile(text).map_err(|m| format!("{origin}: {m}"))?;
+                if let Some(other) = patterns.iter().find(|p| same_shape(&p.parts, &parts)) {
+                    return Err(format!(
+                        "{origin}: matches the same paths as {} (literal segments are compared without regard to case)",
+                        other.origin
+                    ));
+                }
+                patterns.push(Pattern {
+                    kind,
+                    parts,
+                    fold_ids: entry.case_insensitive_ids,
+                    origin,
+                });
+                Ok(())
+            };
+            add(Kind::Item, "pattern", &entry.pattern)?;
             if let Some(c) = &entry.collection {
-                check_pattern(c).map_err(|m| format!("resources[{i}].collection {c:?}: {m}"))?;
-                collections
-                    .insert(c.clone(), i)
-                    .map_err(|e| format!("resources[{i}].collection {c:?}: {e}"))?;
+                add(Kind::Collection, "collection", c)?;
+            }
+            if entry.case_insensitive_ids
+                && !compile(&entry.pattern)?
+                    .iter()
+                    .any(|p| matches!(p, Part::Param))
+            {
+                return Err(format!(
+                    "resources[{i}].case_insensitive_ids: pattern {:?} has no {{name}} segment to fold",
+                    entry.pattern
+                ));
             }
         }
-        Ok(Self {
-            items,
-            collections,
-            patterns: entries.to_vec(),
-        })
+        // A stable sort: equal-ranked patterns keep the config order.
+        patterns.sort_by_key(|p| (p.kind == Kind::Collection, rank(&p.parts)));
+        Ok(Self { patterns })
     }
 
     /// True when no pattern is configured (every request is a passthrough).
@@ -107,143 +239,222 @@ impl ResourceMap {
         self.patterns.is_empty()
     }
 
-    /// Classifies a request path (without query). Errors only for paths that
-    /// would be versioned; an odd path that matches nothing is unversioned.
+    /// Classifies a request path (without query): the alias policy.
     pub fn classify(&self, raw_path: &str) -> Result<Route, PathError> {
-        if self.patterns.is_empty() {
+        if self.patterns.is_empty() || raw_path == "/" {
             return Ok(Route::Unversioned);
         }
-        // Most paths are already canonical, so normalising would give them
-        // back unchanged: match them as they are, and let only a path that
-        // some pattern wants pay for building its key.
-        if is_canonical(raw_path)
-            && self.items.at(raw_path).is_err()
-            && self.collections.at(raw_path).is_err()
-        {
-            return Ok(Route::Unversioned);
-        }
-        let segments = match normalise(raw_path) {
-            Ok(s) => s,
-            // A path we cannot even decode can only be versioned if some
-            // pattern would match it; with a bad segment we cannot tell, so
-            // try the raw path and refuse if it looks like one of ours.
-            Err(e) => {
-                let probe = raw_path.split('?').next().unwrap_or(raw_path);
-                return if self.items.at(probe).is_ok() || self.collections.at(probe).is_ok() {
-                    Err(e)
-                } else {
-                    Ok(Route::Unversioned)
-                };
-            }
-        };
-        let match_path = encode_path(&segments);
-        let is_item = self.items.at(&match_path).is_ok();
-        let is_collection = !is_item && self.collections.at(&match_path).is_ok();
-        if !is_item && !is_collection {
-            return Ok(Route::Unversioned);
-        }
-        for s in &segments {
-            if s.contains('/') {
-                return Err(PathError::EncodedSlash(s.clone()));
-            }
-            if s.chars().any(char::is_control) {
-                return Err(PathError::ControlCharacter(s.clone()));
+        // The fast path: for a canonical path both readings are the path
+        // itself, the lenient one only comparing literals without regard to
+        // case. If that names nothing, neither reading does.
+        if let Some(rest) = canonical_segments(raw_path) {
+            if self.find(|| rest.split('/'), Case::Folded).is_none() {
+                return Ok(Route::Unversioned);
             }
         }
-        if is_collection {
-            return Ok(Route::Collection { path: match_path });
-        }
-        let key = segments.join("/");
-        if key.len() > MAX_KEY_BYTES {
-            return Err(PathError::TooLong(key.len()));
-        }
-        Ok(Route::Item {
-            key,
-            path: match_path,
-        })
-    }
-}
 
-/// Splits, resolves dot segments (also percent-encoded ones, RFC 3986
-/// §6.2.2.2), then percent-decodes what is left. Dots are resolved first so
-/// that a segment removed by `..` cannot make the path undecodable. Pure.
-pub fn normalise(raw_path: &str) -> Result<Vec<String>, PathError> {
-    let mut kept: Vec<&str> = Vec::new();
-    for raw in raw_path.split('/') {
-        match dot_segment(raw) {
-            _ if raw.is_empty() => {}
-            Some(1) => {}
-            Some(_) => {
-                if kept.pop().is_none() {
-                    return Err(PathError::AboveRoot);
+        let strict = strict_segments(raw_path);
+        let lenient = lenient_readings(raw_path);
+        let lenient_named: Vec<Option<Named>> = lenient
+            .iter()
+            .map(|segs| self.name(segs, Case::Folded))
+            .collect();
+        let strict_named = match &strict {
+            Ok(segs) => self.name(segs, Case::Exact),
+            Err(_) => None,
+        };
+        if strict_named.is_none() && lenient_named.iter().all(Option::is_none) {
+            // An undecodable path names nothing; but a backend that does not
+            // decode at all might still route it, so look at it raw.
+            return match strict {
+                Err(StrictError::NotUtf8(seg)) if self.names_raw(raw_path) => {
+                    Err(PathError::NotUtf8(seg))
                 }
+                Err(StrictError::AboveRoot) if self.names_raw(raw_path) => {
+                    Err(self.ambiguity(raw_path, Reading::AboveRoot, Reading::Nothing))
+                }
+                _ => Ok(Route::Unversioned),
+            };
+        }
+        // Some reading names a versioned route: the path must be usable as
+        // a key at all, then both readings must agree.
+        let segments = match strict {
+            Ok(segments) => segments,
+            Err(StrictError::NotUtf8(seg)) => return Err(PathError::NotUtf8(seg)),
+            Err(StrictError::AboveRoot) => {
+                let lenient = first_reading(&lenient_named);
+                return Err(self.ambiguity(raw_path, Reading::AboveRoot, lenient));
             }
-            None => kept.push(raw),
+        };
+        if let Some(seg) = segments.iter().find(|s| s.chars().any(char::is_control)) {
+            return Err(PathError::ControlCharacter(seg.clone()));
+        }
+        let Some(strict_named) = strict_named else {
+            let lenient = first_reading(&lenient_named);
+            return Err(self.ambiguity(raw_path, Reading::Nothing, lenient));
+        };
+        if strict_named.kind == Kind::Item && strict_named.key.len() > MAX_KEY_BYTES {
+            return Err(PathError::TooLong(strict_named.key.len()));
+        }
+        if let Some(other) = lenient_named
+            .iter()
+            .find(|l| l.as_ref() != Some(&strict_named))
+        {
+            let lenient = other.as_ref().map_or(Reading::Nothing, Named::reading);
+            return Err(self.ambiguity(raw_path, strict_named.reading(), lenient));
+        }
+        Ok(match strict_named.kind {
+            Kind::Item => Route::Item {
+                key: strict_named.key,
+                path: strict_named.path,
+            },
+            Kind::Collection => Route::Collection {
+                path: strict_named.path,
+            },
+        })
+    }
+
+    /// The first pattern, in matching order, that the segments fit.
+    fn find<'a, I>(&self, segments: impl Fn() -> I, case: Case) -> Option<&Pattern>
+    where
+        I: Iterator<Item = &'a str>,
+    {
+        self.patterns.iter().find(|p| p.matches(segments(), case))
+    }
+
+    /// What one reading's segments name, with key and canonical path.
+    fn name(&self, segments: &[String], case: Case) -> Option<Named> {
+        let pattern = self.find(|| segments.iter().map(String::as_str), case)?;
+        Some(pattern.named(segments))
+    }
+
+    /// Whether the raw path, split on `/` and not decoded at all, fits a
+    /// pattern.
+    fn names_raw(&self, raw_path: &str) -> bool {
+        let rest = raw_path.strip_prefix('/').unwrap_or(raw_path);
+        self.find(|| rest.split('/').filter(|s| !s.is_empty()), Case::Folded)
+            .is_some()
+    }
+
+    fn ambiguity(&self, raw_path: &str, strict: Reading, lenient: Reading) -> PathError {
+        let mut aliases = alias_kinds(raw_path);
+        if let Ok(segments) = strict_segments(raw_path) {
+            // Literals that match only without regard to case.
+            if self.name(&segments, Case::Folded).is_some()
+                && self.name(&segments, Case::Exact).is_none()
+            {
+                aliases.push("the letter case of a literal segment");
+            }
+        }
+        PathError::Ambiguous(Box::new(Ambiguity {
+            path: raw_path.to_string(),
+            aliases,
+            strict,
+            lenient,
+        }))
+    }
+}
+
+/// A route one reading names: what must agree between the readings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Named {
+    kind: Kind,
+    /// The version key (for a collection, the same construction; it is only
+    /// compared).
+    key: String,
+    /// The canonical path to forward.
+    path: String,
+}
+
+impl Named {
+    fn reading(&self) -> Reading {
+        match self.kind {
+            Kind::Item => Reading::Item {
+                key: self.key.clone(),
+                path: self.path.clone(),
+            },
+            Kind::Collection => Reading::Collection {
+                path: self.path.clone(),
+            },
         }
     }
-    kept.into_iter()
-        .map(|raw| {
-            percent_decode_str(raw)
-                .decode_utf8()
-                .map(|d| d.into_owned())
-                .map_err(|_| PathError::NotUtf8(raw.to_string()))
-        })
-        .collect()
 }
 
-/// `Some(1)` for `.`, `Some(2)` for `..` (either possibly as `%2E`).
-fn dot_segment(raw: &str) -> Option<usize> {
-    let mut rest = raw.as_bytes();
-    let mut dots = 0;
-    while !rest.is_empty() && dots < 3 {
-        rest = match rest {
-            [b'.', tail @ ..] => tail,
-            [b'%', b'2', b'e' | b'E', tail @ ..] => tail,
-            _ => return None,
-        };
-        dots += 1;
-    }
-    matches!(dots, 1 | 2)
-        .then_some(dots)
-        .filter(|_| rest.is_empty())
+fn first_reading(named: &[Option<Named>]) -> Reading {
+    named
+        .iter()
+        .flatten()
+        .next()
+        .map_or(Reading::Nothing, Named::reading)
 }
 
-/// Whether `normalise` then `encode_path` would give `raw_path` back as it
-/// is: absolute, only unreserved characters (RFC 3986 §2.3), no empty,
-/// `.` or `..` segment, no trailing slash. Pure, allocates nothing.
-fn is_canonical(raw_path: &str) -> bool {
-    if raw_path == "/" {
-        return true;
+impl Pattern {
+    fn matches<'a>(&self, segments: impl Iterator<Item = &'a str>, case: Case) -> bool {
+        let mut parts = self.parts.iter();
+        for seg in segments {
+            let fits = match parts.next() {
+                None => false,
+                Some(Part::Param) => true,
+                Some(Part::Literal { text, folded }) => match case {
+                    Case::Exact => seg == text,
+                    Case::Folded => folds_to(seg, folded),
+                },
+            };
+            if !fits {
+                return false;
+            }
+        }
+        parts.next().is_none()
     }
-    let Some(rest) = raw_path.strip_prefix('/') else {
-        return false;
-    };
-    rest.split('/').all(|seg| {
-        !seg.is_empty()
-            && seg != "."
-            && seg != ".."
-            && seg
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
-    })
+
+    /// Key and canonical path for segments this pattern matched: literals
+    /// in the configured spelling, `{name}` segments as sent (folded to
+    /// lowercase in the key when the entry asks for it).
+    fn named(&self, segments: &[String]) -> Named {
+        let mut key = String::new();
+        let mut path = String::new();
+        for (part, seg) in self.parts.iter().zip(segments) {
+            let (in_key, in_path): (Cow<'_, str>, &str) = match part {
+                Part::Literal { text, .. } => (Cow::Borrowed(text), text),
+                Part::Param if self.fold_ids => (Cow::Owned(seg.to_lowercase()), seg),
+                Part::Param => (Cow::Borrowed(seg), seg),
+            };
+            if !key.is_empty() {
+                key.push('/');
+            }
+            key.push_str(&in_key);
+            path.push('/');
+            path.extend(utf8_percent_encode(in_path, SEGMENT));
+        }
+        Named {
+            kind: self.kind,
+            key,
+            path,
+        }
+    }
 }
 
-/// Re-encodes decoded segments into a canonical absolute path.
-pub fn encode_path(segments: &[String]) -> String {
-    if segments.is_empty() {
-        return "/".to_string();
-    }
-    let mut path = String::new();
-    for s in segments {
-        path.push('/');
-        path.extend(utf8_percent_encode(s, SEGMENT));
-    }
-    path
+/// Simple case folding, as case-insensitive matchers do it: upper then
+/// lower case, so `ſ` is `s` and the Kelvin sign is `k`.
+fn fold(s: &str) -> impl Iterator<Item = char> + '_ {
+    s.chars()
+        .flat_map(char::to_uppercase)
+        .flat_map(char::to_lowercase)
 }
 
-/// A pattern is absolute, has no empty segments, and each `{name}` fills a
-/// whole segment.
-fn check_pattern(pattern: &str) -> Result<(), String> {
+/// Whether `seg` equals a literal whose folded form is `folded`, without
+/// regard to case. Allocates nothing.
+fn folds_to(seg: &str, folded: &str) -> bool {
+    if seg.is_ascii() && folded.is_ascii() {
+        seg.eq_ignore_ascii_case(folded)
+    } else {
+        fold(seg).eq(folded.chars())
+    }
+}
+
+/// Compiles a pattern: absolute, no empty or dot segments, each `{name}`
+/// a whole segment, literals written decoded.
+fn compile(pattern: &str) -> Result<Vec<Part>, String> {
     if !pattern.starts_with('/') {
         return Err("must start with '/'".into());
     }
@@ -251,6 +462,7 @@ fn check_pattern(pattern: &str) -> Result<(), String> {
         return Err("must not end with '/'".into());
     }
     let mut names = Vec::new();
+    let mut parts = Vec::new();
     for seg in pattern.split('/').skip(1) {
         if seg.is_empty() {
             return Err("has an empty segment".into());
@@ -270,11 +482,187 @@ fn check_pattern(pattern: &str) -> Result<(), String> {
                 return Err(format!("parameter {{{name}}} appears twice"));
             }
             names.push(name);
+            parts.push(Part::Param);
         } else if seg.contains('%') {
             return Err("must be written decoded (no percent-escapes)".into());
+        } else if seg.contains(['\\', ';']) || seg.chars().any(char::is_control) {
+            return Err(
+                "a literal segment must not contain '\\', ';' or control characters".into(),
+            );
+        } else {
+            parts.push(Part::Literal {
+                text: seg.to_string(),
+                folded: fold(seg).collect(),
+            });
         }
     }
-    Ok(())
+    Ok(parts)
+}
+
+/// Whether two patterns match exactly the same paths under the lenient
+/// reading: same length, `{name}` in the same places, literals equal
+/// without regard to case.
+fn same_shape(a: &[Part], b: &[Part]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|pair| match pair {
+            (Part::Param, Part::Param) => true,
+            (Part::Literal { folded: x, .. }, Part::Literal { folded: y, .. }) => x == y,
+            _ => false,
+        })
+}
+
+/// Sort key: a literal before a `{name}` at the first place two patterns
+/// differ.
+fn rank(parts: &[Part]) -> Vec<bool> {
+    parts.iter().map(|p| matches!(p, Part::Param)).collect()
+}
+
+// ------------------------------------------------------------- readings
+
+/// Why the strict reading cannot give segments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StrictError {
+    NotUtf8(String),
+    AboveRoot,
+}
+
+/// The strict reading: split on `/`, resolve dot segments (also
+/// percent-encoded ones, RFC 3986 §6.2.2.2), then percent-decode each
+/// segment. Dots are resolved first so that a segment removed by `..`
+/// cannot make the path undecodable. Pure.
+fn strict_segments(raw_path: &str) -> Result<Vec<String>, StrictError> {
+    let mut kept: Vec<&str> = Vec::new();
+    for raw in raw_path.split('/') {
+        match dot_segment(raw) {
+            _ if raw.is_empty() => {}
+            Some(1) => {}
+            Some(_) => {
+                if kept.pop().is_none() {
+                    return Err(StrictError::AboveRoot);
+                }
+            }
+            None => kept.push(raw),
+        }
+    }
+    kept.into_iter()
+        .map(|raw| {
+            percent_decode_str(raw)
+                .decode_utf8()
+                .map(Cow::into_owned)
+                .map_err(|_| StrictError::NotUtf8(raw.to_string()))
+        })
+        .collect()
+}
+
+/// The lenient reading, the union of what mainstream backends do: the
+/// whole path percent-decoded once (`%2F`, `%2E`, `%3B`, `%5C` included),
+/// split on `/` and `\`, each segment cut at its first `;`, empty and `.`
+/// segments dropped, `..` resolved and clamped at the root. Pure.
+pub fn lenient_segments(raw_path: &str) -> Vec<String> {
+    let decoded = percent_decode_str(raw_path).decode_utf8_lossy();
+    let mut kept: Vec<String> = Vec::new();
+    for seg in decoded.split(['/', '\\']) {
+        match seg.split(';').next().unwrap_or_default() {
+            "" | "." => {}
+            ".." => {
+                kept.pop();
+            }
+            s => kept.push(s.to_string()),
+        }
+    }
+    kept
+}
+
+/// Every lenient reading of a path: the decode-first one, and, when the
+/// path has a raw `;`, the servlet one that drops `;params` from each raw
+/// segment before decoding (so `/a;x%2Fy/b` is `/a/b` there).
+pub fn lenient_readings(raw_path: &str) -> Vec<Vec<String>> {
+    let mut readings = vec![lenient_segments(raw_path)];
+    if raw_path.contains(';') {
+        let stripped: Vec<&str> = raw_path
+            .split('/')
+            .map(|s| s.split(';').next().unwrap_or_default())
+            .collect();
+        let servlet = lenient_segments(&stripped.join("/"));
+        if servlet != readings[0] {
+            readings.push(servlet);
+        }
+    }
+    readings
+}
+
+/// The kinds of alias in a raw path, for a refusal's `detail`.
+fn alias_kinds(raw_path: &str) -> Vec<&'static str> {
+    let has = |needle: &str| {
+        raw_path
+            .as_bytes()
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+    };
+    let mut kinds = Vec::new();
+    for (needle, kind) in [
+        (";", "a ';' path parameter"),
+        ("%3B", "an encoded ';' (%3B)"),
+        ("%2F", "an encoded '/' (%2F)"),
+        ("\\", "a backslash"),
+        ("%5C", "an encoded backslash (%5C)"),
+        ("%2E", "an encoded '.' (%2E)"),
+    ] {
+        if has(needle) {
+            kinds.push(kind);
+        }
+    }
+    if matches!(strict_segments(raw_path), Err(StrictError::AboveRoot)) {
+        kinds.push("'..' above the root");
+    }
+    kinds
+}
+
+/// `Some(1)` for `.`, `Some(2)` for `..` (either possibly as `%2E`).
+fn dot_segment(raw: &str) -> Option<usize> {
+    let mut rest = raw.as_bytes();
+    let mut dots = 0;
+    while !rest.is_empty() && dots < 3 {
+        rest = match rest {
+            [b'.', tail @ ..] => tail,
+            [b'%', b'2', b'e' | b'E', tail @ ..] => tail,
+            _ => return None,
+        };
+        dots += 1;
+    }
+    matches!(dots, 1 | 2)
+        .then_some(dots)
+        .filter(|_| rest.is_empty())
+}
+
+/// For a path that both readings give back as it is (absolute, only
+/// unreserved characters of RFC 3986 §2.3, no empty, `.` or `..` segment,
+/// no trailing slash, not `/`): the path without its leading `/`. Pure,
+/// allocates nothing.
+fn canonical_segments(raw_path: &str) -> Option<&str> {
+    let rest = raw_path.strip_prefix('/')?;
+    let canonical = rest.split('/').all(|seg| {
+        !seg.is_empty()
+            && seg != "."
+            && seg != ".."
+            && seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+    });
+    canonical.then_some(rest)
+}
+
+/// Re-encodes decoded segments into a canonical absolute path.
+pub fn encode_path(segments: &[String]) -> String {
+    if segments.is_empty() {
+        return "/".to_string();
+    }
+    let mut path = String::new();
+    for s in segments {
+        path.push('/');
+        path.extend(utf8_percent_encode(s, SEGMENT));
+    }
+    path
 }
 
 #[cfg(test)]
@@ -282,15 +670,21 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn entry(pattern: &str, collection: Option<&str>) -> ResourceConfig {
+        ResourceConfig {
+            pattern: pattern.into(),
+            collection: collection.map(Into::into),
+            case_insensitive_ids: false,
+        }
+    }
+
     fn map() -> ResourceMap {
         ResourceMap::new(&[
+            entry("/articles/{id}", Some("/articles")),
+            entry("/users/{uid}/posts/{pid}", Some("/users/{uid}/posts")),
             ResourceConfig {
-                pattern: "/articles/{id}".into(),
-                collection: Some("/articles".into()),
-            },
-            ResourceConfig {
-                pattern: "/users/{uid}/posts/{pid}".into(),
-                collection: Some("/users/{uid}/posts".into()),
+                case_insensitive_ids: true,
+                ..entry("/tags/{name}", None)
             },
         ])
         .unwrap()
@@ -303,69 +697,232 @@ mod tests {
         }
     }
 
-    #[test]
-    fn one_resource_has_one_key() {
-        let m = map();
-        for p in [
-            "/articles/42",
-            "/articles/42/",
-            "//articles//42",
-            "/articles/./42",
-            "/articles/x/../42",
-            "/articles/%34%32",
-            "/%61rticles/42",
-            "/articles/42/%ff/..",
-            "/articles/42/%2e%2E/42",
-            "/articles/42/%2E",
-        ] {
-            assert_eq!(
-                m.classify(p).unwrap(),
-                item("articles/42", "/articles/42"),
-                "{p}"
-            );
+    fn collection(path: &str) -> Route {
+        Route::Collection { path: path.into() }
+    }
+
+    /// What a test expects of a path.
+    #[derive(Debug)]
+    enum Want {
+        Is(Route),
+        Ambiguous,
+        Invalid,
+    }
+
+    fn check(m: &ResourceMap, cases: &[(&str, Want)]) {
+        for (path, want) in cases {
+            let got = m.classify(path);
+            match (want, &got) {
+                (Want::Is(route), Ok(r)) if r == route => {}
+                (Want::Ambiguous, Err(PathError::Ambiguous(_))) => {}
+                (
+                    Want::Invalid,
+                    Err(
+                        PathError::NotUtf8(_)
+                        | PathError::ControlCharacter(_)
+                        | PathError::TooLong(_),
+                    ),
+                ) => {}
+                _ => panic!("{path:?}: wanted {want:?}, got {got:?}"),
+            }
         }
     }
 
     #[test]
-    fn keys_keep_unicode_and_reserved_characters() {
-        let m = map();
-        assert_eq!(
-            m.classify("/articles/caf%C3%A9%20au%20lait").unwrap(),
-            item("articles/café au lait", "/articles/caf%C3%A9%20au%20lait")
-        );
-        assert_eq!(
-            m.classify("/articles/a:b").unwrap(),
-            item("articles/a:b", "/articles/a:b")
-        );
-        assert_eq!(
-            m.classify("/users/7/posts/9").unwrap(),
-            item("users/7/posts/9", "/users/7/posts/9")
+    fn benign_aliases_are_canonicalised_to_one_key() {
+        let want = || Want::Is(item("articles/42", "/articles/42"));
+        check(
+            &map(),
+            &[
+                ("/articles/42", want()),
+                ("/articles/42/", want()),
+                ("//articles//42", want()),
+                ("/articles/./42", want()),
+                ("/articles/x/../42", want()),
+                ("/articles/%34%32", want()),
+                ("/%61rticles/42", want()),
+                ("/articles/42/%ff/..", want()),
+                ("/articles/42/%2e%2E/42", want()),
+                ("/articles/42/%2E", want()),
+                ("/other/%2e%2e/articles/42", want()),
+                ("/articles/", Want::Is(collection("/articles"))),
+                ("/users/7/posts", Want::Is(collection("/users/7/posts"))),
+                (
+                    "/users/7/posts/9",
+                    Want::Is(item("users/7/posts/9", "/users/7/posts/9")),
+                ),
+            ],
         );
     }
 
     #[test]
-    fn collections_and_unversioned_paths() {
-        let m = map();
-        assert_eq!(
-            m.classify("/articles/").unwrap(),
-            Route::Collection {
-                path: "/articles".into()
-            }
+    fn aliases_a_lenient_backend_would_resolve_are_refused() {
+        check(
+            &map(),
+            &[
+                // ';' parameters, raw or encoded, in any segment.
+                ("/articles/42;x", Want::Ambiguous),
+                ("/articles/42%3Bx", Want::Ambiguous),
+                ("/articles/42%3bx", Want::Ambiguous),
+                ("/articles;x/42", Want::Ambiguous),
+                ("/articles/..;/articles/42", Want::Ambiguous),
+                ("/articles;x%2Fy/42", Want::Ambiguous),
+                // Case of literal segments.
+                ("/Articles/42", Want::Ambiguous),
+                ("/ARTICLES/42", Want::Ambiguous),
+                ("/ARTICLES", Want::Ambiguous),
+                ("/%41rticles/42", Want::Ambiguous),
+                ("/USERS/7/posts/9", Want::Ambiguous),
+                // Encoded separators.
+                ("/articles%2F42", Want::Ambiguous),
+                ("/articles%2f42", Want::Ambiguous),
+                ("/articles/a%2Fb", Want::Ambiguous),
+                ("/articles/%2F", Want::Ambiguous),
+                ("/x/..%2Farticles/42", Want::Ambiguous),
+                // Backslashes.
+                ("/articles\\42", Want::Ambiguous),
+                ("/articles%5C42", Want::Ambiguous),
+                ("/articles/42\\", Want::Ambiguous),
+                // Above the root.
+                ("/../articles/42", Want::Ambiguous),
+                ("/%2e%2e/articles/42", Want::Ambiguous),
+                ("/articles/../../articles/42", Want::Ambiguous),
+                // The strict reading names an item the lenient one does not.
+                ("/articles/42;x/..", Want::Is(collection("/articles"))),
+                ("/articles/a%2F..", Want::Ambiguous),
+            ],
         );
-        assert_eq!(
-            m.classify("/users/7/posts").unwrap(),
-            Route::Collection {
-                path: "/users/7/posts".into()
-            }
+    }
+
+    #[test]
+    fn paths_no_reading_versions_pass_through() {
+        check(
+            &map(),
+            &[
+                ("/", Want::Is(Route::Unversioned)),
+                ("/other/1", Want::Is(Route::Unversioned)),
+                ("/articles/1/comments", Want::Is(Route::Unversioned)),
+                ("/articles/1;x/comments", Want::Is(Route::Unversioned)),
+                ("/../../etc/passwd", Want::Is(Route::Unversioned)),
+                ("/%ff", Want::Is(Route::Unversioned)),
+                ("/Other/%2F", Want::Is(Route::Unversioned)),
+                ("/article/42", Want::Is(Route::Unversioned)),
+            ],
         );
-        for p in [
-            "/",
-            "/other/1",
-            "/articles/1/comments",
-            "/../../etc/passwd",
-            "/%ff",
+    }
+
+    #[test]
+    fn bad_segments_on_versioned_routes_are_invalid() {
+        let long = format!("/articles/{}", "x".repeat(MAX_KEY_BYTES));
+        check(
+            &map(),
+            &[
+                ("/articles/%0a", Want::Invalid),
+                ("/articles/a%00b", Want::Invalid),
+                ("/articles/%ff", Want::Invalid),
+                ("/articles/%c3%28", Want::Invalid),
+                (&long, Want::Invalid),
+            ],
+        );
+        assert!(matches!(
+            map().classify(&long),
+            Err(PathError::TooLong(n)) if n == MAX_KEY_BYTES + "articles/".len()
+        ));
+    }
+
+    #[test]
+    fn keys_keep_unicode_and_reserved_characters() {
+        check(
+            &map(),
+            &[
+                (
+                    "/articles/caf%C3%A9%20au%20lait",
+                    Want::Is(item(
+                        "articles/café au lait",
+                        "/articles/caf%C3%A9%20au%20lait",
+                    )),
+                ),
+                (
+                    "/articles/a:b",
+                    Want::Is(item("articles/a:b", "/articles/a:b")),
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn case_insensitive_ids_fold_the_key_not_the_path() {
+        check(
+            &map(),
+            &[
+                ("/tags/Rust", Want::Is(item("tags/rust", "/tags/Rust"))),
+                ("/tags/RUST", Want::Is(item("tags/rust", "/tags/RUST"))),
+                (
+                    "/tags/%C3%89t%C3%A9",
+                    Want::Is(item("tags/été", "/tags/%C3%89t%C3%A9")),
+                ),
+                // Other entries keep the id's case.
+                (
+                    "/articles/ABC",
+                    Want::Is(item("articles/ABC", "/articles/ABC")),
+                ),
+                ("/Tags/rust", Want::Ambiguous),
+            ],
+        );
+    }
+
+    #[test]
+    fn the_most_specific_pattern_wins_in_either_reading() {
+        let m =
+            ResourceMap::new(&[entry("/{kind}/42", None), entry("/articles/{id}", None)]).unwrap();
+        check(
+            &m,
+            &[
+                (
+                    "/articles/42",
+                    Want::Is(item("articles/42", "/articles/42")),
+                ),
+                ("/videos/42", Want::Is(item("videos/42", "/videos/42"))),
+                // Strictly `/{kind}/42` with key "ARTICLES/42"; leniently
+                // `/articles/{id}` with key "articles/42".
+                ("/ARTICLES/42", Want::Ambiguous),
+            ],
+        );
+    }
+
+    #[test]
+    fn literals_fold_like_case_insensitive_matchers() {
+        for (seg, literal, want) in [
+            ("ARTICLES", "articles", true),
+            ("articles", "Articles", true),
+            ("article", "articles", false),
+            ("\u{17F}tate", "state", true), // long s
+            ("\u{212A}ey", "key", true),    // Kelvin sign
+            ("CAFÉ", "café", true),
+            ("cafe", "café", false),
         ] {
-            assert_eq!(m.classify(p).unwrap(), Route::Unversioned, "{p}");
+            let folded: String = fold(literal).collect();
+            assert_eq!(folds_to(seg, &folded), want, "{seg:?} vs {literal:?}");
+        }
+    }
+
+    #[test]
+    fn lenient_readings_are_the_union_of_backend_habits() {
+        for (raw, want) in [
+            ("/articles/42", vec![vec!["articles", "42"]]),
+            ("/a/b;x/c", vec![vec!["a", "b", "c"]]),
+            ("/a%2Fb", vec![vec!["a", "b"]]),
+            ("/a\\b%5Cc", vec![vec!["a", "b", "c"]]),
+            ("/../../a", vec![vec!["a"]]),
+            ("/a/%2e%2e/b", vec![vec!["b"]]),
+            ("/a/..;x/b", vec![vec!["b"]]),
+            ("/a%3Bx/b", vec![vec!["a", "b"]]),
+            // Decode first: "x;y" and "z"; servlet: the raw ';' takes the
+            // rest of the raw segment.
+            ("/x;y%2Fz/b", vec![vec!["x", "z", "b"], vec!["x", "b"]]),
+        ] {
+            let got = lenient_readings(raw);
+            assert_eq!(got, want, "{raw}");
         }
     }
 
@@ -393,52 +950,53 @@ mod tests {
     }
 
     #[test]
-    fn canonical_paths_are_their_own_match_path() {
-        for p in ["/", "/a", "/articles/42", "/a.b/c-d/e_f/~g", "/x/..y"] {
-            assert!(is_canonical(p), "{p}");
-            assert_eq!(encode_path(&normalise(p).unwrap()), p, "{p}");
+    fn canonical_paths_are_recognised_without_decoding() {
+        for p in ["/a", "/articles/42", "/a.b/c-d/e_f/~g", "/x/..y"] {
+            assert_eq!(canonical_segments(p), p.strip_prefix('/'), "{p}");
+            let segs = strict_segments(p).unwrap();
+            assert_eq!(encode_path(&segs), p, "{p}");
+            assert_eq!(lenient_segments(p), segs, "{p}");
         }
         for p in [
-            "", "a", "//", "/a/", "/a//b", "/./a", "/a/..", "/a%2Fb", "/a:b", "/é", "/a b",
+            "", "/", "a", "//", "/a/", "/a//b", "/./a", "/a/..", "/a%2Fb", "/a:b", "/é", "/a b",
+            "/a;b", "/a\\b",
         ] {
-            assert!(!is_canonical(p), "{p}");
+            assert_eq!(canonical_segments(p), None, "{p}");
         }
-        // The fast path and the full one agree on what they both see.
-        let m = map();
-        assert_eq!(
-            m.classify("/articles/42").unwrap(),
-            item("articles/42", "/articles/42")
-        );
-        assert_eq!(
-            m.classify("/articles/./42").unwrap(),
-            item("articles/42", "/articles/42")
-        );
-        assert_eq!(
-            m.classify("/articles").unwrap(),
-            Route::Collection {
-                path: "/articles".into()
-            }
-        );
-        assert_eq!(m.classify("/articles/42/x").unwrap(), Route::Unversioned);
     }
 
     #[test]
-    fn ambiguous_versioned_paths_are_refused() {
-        let m = map();
-        assert!(matches!(
-            m.classify("/articles/a%2Fb"),
-            Err(PathError::EncodedSlash(_))
-        ));
-        assert!(matches!(
-            m.classify("/articles/%0a"),
-            Err(PathError::ControlCharacter(_))
-        ));
-        assert!(matches!(
-            m.classify("/articles/%ff"),
-            Err(PathError::NotUtf8(_))
-        ));
-        let long = format!("/articles/{}", "x".repeat(MAX_KEY_BYTES));
-        assert!(matches!(m.classify(&long), Err(PathError::TooLong(_))));
+    fn a_refusal_says_which_alias_and_what_it_reads_as() {
+        let Err(PathError::Ambiguous(a)) = map().classify("/articles/42;x") else {
+            panic!("not refused");
+        };
+        assert_eq!(a.aliases, vec!["a ';' path parameter"]);
+        assert_eq!(
+            a.lenient,
+            Reading::Item {
+                key: "articles/42".into(),
+                path: "/articles/42".into()
+            }
+        );
+        let detail = a.to_string();
+        assert!(detail.contains("/articles/42;x"), "{detail}");
+        assert!(detail.contains("key \"articles/42\""), "{detail}");
+        assert!(detail.contains("key \"articles/42;x\""), "{detail}");
+
+        let Err(PathError::Ambiguous(a)) = map().classify("/Articles/42") else {
+            panic!("not refused");
+        };
+        assert_eq!(a.aliases, vec!["the letter case of a literal segment"]);
+        assert_eq!(a.strict, Reading::Nothing);
+
+        let Err(PathError::Ambiguous(a)) = map().classify("/%2e%2e/articles/42") else {
+            panic!("not refused");
+        };
+        assert_eq!(
+            a.aliases,
+            vec!["an encoded '.' (%2E)", "'..' above the root"]
+        );
+        assert_eq!(a.strict, Reading::AboveRoot);
     }
 
     #[test]
@@ -452,23 +1010,196 @@ mod tests {
             "/a/x{y}",
             "/a/{x}/{x}",
             "/a/%20",
+            "/a;b/{x}",
+            "/a\\b/{x}",
         ] {
-            let r = ResourceMap::new(&[ResourceConfig {
-                pattern: p.into(),
-                collection: None,
-            }]);
-            assert!(r.is_err(), "{p}");
+            assert!(ResourceMap::new(&[entry(p, None)]).is_err(), "{p}");
         }
-        let dup = ResourceMap::new(&[
-            ResourceConfig {
-                pattern: "/a/{x}".into(),
-                collection: None,
-            },
-            ResourceConfig {
-                pattern: "/a/{y}".into(),
-                collection: None,
-            },
-        ]);
-        assert!(dup.is_err());
+        for pair in [["/a/{x}", "/a/{y}"], ["/articles/{id}", "/Articles/{id}"]] {
+            let r = ResourceMap::new(&[entry(pair[0], None), entry(pair[1], None)]);
+            let e = r.unwrap_err();
+            assert!(e.contains("matches the same paths as resources[0]"), "{e}");
+        }
+        let e = ResourceMap::new(&[ResourceConfig {
+            case_insensitive_ids: true,
+            ..entry("/settings", None)
+        }])
+        .unwrap_err();
+        assert!(e.contains("case_insensitive_ids"), "{e}");
+    }
+
+    mod property {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+
+        use super::*;
+
+        /// `lit` with the letters `mask` picks in upper case.
+        fn in_case(lit: &str, mask: u16) -> String {
+            lit.chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if mask & (1 << i) != 0 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect()
+        }
+
+        /// A literal of some pattern in a random mix of cases.
+        fn literal() -> impl Strategy<Value = String> {
+            (
+                prop::sample::select(vec!["articles", "users", "posts", "tags"]),
+                any::<u16>(),
+            )
+                .prop_map(|(lit, mask)| in_case(lit, mask))
+        }
+
+        /// Path pieces biased toward the alias families.
+        fn piece() -> impl Strategy<Value = String> {
+            prop_oneof![
+                4 => Just("/".to_string()),
+                3 => literal(),
+                2 => prop::sample::select(vec!["42", "7", "abc", "ABC", "x"]).prop_map(String::from),
+                4 => prop::sample::select(vec![
+                    ";x", ";", "%2F", "%2f", "%2E", "%2e", "%3B", "%3b", "%5C", "%5c", "\\",
+                    ".", "..", "/.", "/..", "%61", "%41", "%34%32", "%72", "%52", "%25", "%ff",
+                    "//", "~",
+                ])
+                .prop_map(String::from),
+            ]
+        }
+
+        /// Free-form: any mix of pieces.
+        fn noise() -> impl Strategy<Value = String> {
+            prop::collection::vec(piece(), 1..10).prop_map(|pieces| format!("/{}", pieces.concat()))
+        }
+
+        /// The segments of a real route, each dressed in an alias, joined by
+        /// separators that some backend reads as `/`.
+        fn dressed() -> impl Strategy<Value = String> {
+            let route = prop_oneof![
+                Just(vec!["articles", "{}"]),
+                Just(vec!["articles"]),
+                Just(vec!["users", "{}", "posts", "{}"]),
+                Just(vec!["users", "{}", "posts"]),
+                Just(vec!["tags", "{}"]),
+            ];
+            let segment = (
+                // Mostly the literal as configured, sometimes in other case.
+                prop_oneof![3 => Just(0u16), 2 => any::<u16>()],
+                prop::sample::select(vec!["42", "7", "abc", "ABC", "%34%32", "%41b"]),
+                prop::sample::select(vec![
+                    "", "", "", ";x", "%3Bx", ";", "/", "/.", "%2F..", "/..", ";/..", "\\",
+                ]),
+                prop::bool::weighted(0.2),
+            );
+            let separator = prop::sample::select(vec![
+                "/",
+                "/",
+                "/",
+                "//",
+                "%2F",
+                "%2f",
+                "\\",
+                "%5C",
+                "/./",
+                "/%2e/",
+                "/x/../",
+                "/x/%2E%2E/",
+                "/x;y/../",
+                "/..;/",
+            ]);
+            let prefix = prop::sample::select(vec!["", "", "/..", "/%2e%2e", "/x/..", "//", "/x"]);
+            (
+                route,
+                prefix,
+                prop::collection::vec((segment, separator), 4),
+            )
+                .prop_map(|(route, prefix, dress)| {
+                    let mut out = prefix.to_string();
+                    for (part, ((mask, id, suffix, encode), sep)) in route.iter().zip(dress) {
+                        out.push_str(if out.is_empty() { "/" } else { sep });
+                        if *part == "{}" {
+                            out.push_str(id);
+                        } else {
+                            let lit = in_case(part, mask);
+                            if encode {
+                                // The first letter percent-encoded.
+                                out.push_str(&format!("%{:02X}", lit.as_bytes()[0]));
+                                out.push_str(&lit[1..]);
+                            } else {
+                                out.push_str(&lit);
+                            }
+                        }
+                        out.push_str(suffix);
+                    }
+                    out
+                })
+        }
+
+        fn path() -> impl Strategy<Value = String> {
+            prop_oneof![noise(), dressed()]
+        }
+
+        /// Whatever a lenient backend would resolve a path to, lockstep
+        /// versions under that very key or refuses: never passthrough, never
+        /// another key. And a versioned path's forwarded form is a fixed
+        /// point of the classification.
+        #[test]
+        fn no_lenient_reading_gets_around_the_check() {
+            let m = map();
+            let hits = AtomicUsize::new(0);
+            let mut runner = TestRunner::new(Config {
+                cases: 4000,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            runner
+                .run(&path(), |raw| {
+                    let got = m.classify(&raw);
+                    for reading in lenient_readings(&raw) {
+                        let Some(named) = m.name(&reading, Case::Folded) else {
+                            continue;
+                        };
+                        hits.fetch_add(1, Ordering::Relaxed);
+                        let fine = match (&got, named.kind) {
+                            (Err(_), _) => true,
+                            (Ok(Route::Item { key, .. }), Kind::Item) => *key == named.key,
+                            (Ok(Route::Collection { path }), Kind::Collection) => {
+                                *path == named.path
+                            }
+                            _ => false,
+                        };
+                        prop_assert!(
+                            fine,
+                            "{raw:?} reads leniently as {named:?} but is classified {got:?}"
+                        );
+                    }
+                    match &got {
+                        Ok(Route::Item { path, .. } | Route::Collection { path }) => {
+                            prop_assert_eq!(
+                                &m.classify(path),
+                                &got,
+                                "{:?} forwards as {:?}",
+                                raw,
+                                path
+                            );
+                        }
+                        Ok(Route::Unversioned) | Err(_) => {}
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            let hits = hits.into_inner();
+            assert!(
+                hits >= 700,
+                "only {hits} generated paths read leniently as a versioned route"
+            );
+        }
     }
 }

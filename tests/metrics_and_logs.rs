@@ -583,7 +583,7 @@ async fn every_line_is_json_and_each_request_has_one_access_line() {
     let refused = one_line(&lines, "/articles/%2F", "GET");
     assert_eq!(refused["kind"], "versioned_read", "{refused}");
     assert_eq!(refused["status"], 400, "{refused}");
-    assert_eq!(refused["outcome"], "invalid-path", "{refused}");
+    assert_eq!(refused["outcome"], "ambiguous-path", "{refused}");
 
     // Every line lockstep printed (stdout and stderr) is one JSON object.
     let output = lockstep.output_text();

@@ -25,6 +25,9 @@ use crate::resources::{ResourceMap, Route};
 use crate::store::Store;
 use crate::versioning::Versioning;
 
+/// What a 405 on the proxy listener offers instead.
+const PROXY_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
+
 /// The proxy listener's router.
 #[derive(Clone)]
 pub struct ProxyRouter {
@@ -58,6 +61,12 @@ impl ProxyRouter {
         peer: SocketAddr,
         started: Instant,
     ) -> (RequestKind, Response<Body>) {
+        if req.method() == Method::CONNECT {
+            // lockstep opens no tunnels: its only peer is its upstream, and
+            // a tunnel would carry writes past every check.
+            let e = Error::MethodNotAllowed(PROXY_METHODS);
+            return refused(&req, RequestKind::Passthrough, &e, started);
+        }
         if let Some(prefix) = &self.lock_prefix {
             if let Some(rest) = req.uri().path().strip_prefix(prefix.as_ref()) {
                 if let Some(resource) = rest.strip_prefix("/locks/") {
@@ -72,7 +81,14 @@ impl ProxyRouter {
         };
         let route = match self.resources.classify(req.uri().path()) {
             Ok(route) => route,
-            Err(e) => return refused_path(&req, e, started),
+            Err(e) => {
+                let kind = if req.method() == Method::GET || req.method() == Method::HEAD {
+                    RequestKind::VersionedRead
+                } else {
+                    RequestKind::VersionedWrite
+                };
+                return refused(&req, kind, &Error::InvalidPath(e), started);
+            }
         };
         if route == Route::Unversioned {
             return (
@@ -117,21 +133,23 @@ impl ProxyRouter {
     }
 }
 
-/// A path that matches a versioned pattern but cannot be given a key: 400
-/// (or 414), counted and logged as the versioned request it was meant to be.
-fn refused_path(
+/// A request lockstep answers itself with a problem: a CONNECT, or a path
+/// some reading versions that cannot be given one key (400, or 414),
+/// counted and logged as the kind of request it was meant to be.
+fn refused(
     req: &Request<Incoming>,
-    e: crate::resources::PathError,
+    kind: RequestKind,
+    err: &Error,
     started: Instant,
 ) -> (RequestKind, Response<Body>) {
-    let kind = if req.method() == Method::GET || req.method() == Method::HEAD {
-        RequestKind::VersionedRead
-    } else {
-        RequestKind::VersionedWrite
-    };
-    let problem = problem::Problem::from(&Error::InvalidPath(e));
+    let problem = problem::Problem::from(err);
     let outcome = problem.kind;
     let resp = problem.into_response();
+    let message = if kind == RequestKind::Passthrough {
+        "passthrough request"
+    } else {
+        "versioned request"
+    };
     tracing::info!(
         target: "lockstep::request",
         kind = kind.as_str(),
@@ -140,7 +158,7 @@ fn refused_path(
         status = resp.status().as_u16(),
         outcome,
         latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-        "versioned request"
+        "{message}"
     );
     (kind, resp)
 }

@@ -25,6 +25,7 @@
 //! The part from claim to commit runs in its own task, so a client that
 //! hangs up mid-write cannot leave a lease behind.
 
+pub mod method;
 pub mod precondition;
 pub mod stamp;
 
@@ -107,7 +108,31 @@ impl Versioning {
         let started = Instant::now();
         let method = req.method().clone();
         let raw_path = req.uri().path().to_string();
-        let (kind, key, result) = match (route, &method) {
+        // A method override is checked as the write it names; the request
+        // is forwarded as sent, since the backend will apply it as that.
+        let checked_as = match method::effective(&method, req.headers(), req.uri().query()) {
+            Ok(m) => m,
+            Err(e) => {
+                let (kind, key) = match route {
+                    Route::Item { key, .. } if method == Method::GET || method == Method::HEAD => {
+                        (RequestKind::VersionedRead, key.clone())
+                    }
+                    Route::Item { key, .. } => (RequestKind::VersionedWrite, key.clone()),
+                    Route::Collection { .. } | Route::Unversioned => {
+                        (RequestKind::CollectionCreate, String::new())
+                    }
+                };
+                return Ok(Self::log_and_respond(
+                    kind,
+                    &method,
+                    &raw_path,
+                    &key,
+                    Err((e, None)),
+                    started,
+                ));
+            }
+        };
+        let (kind, key, result) = match (route, &checked_as) {
             (Route::Item { key, path }, &Method::GET | &Method::HEAD) => {
                 let pq = with_query(path, req.uri());
                 let result = self.read(req, key, pq, inbound).await;
@@ -129,6 +154,21 @@ impl Versioning {
             }
             _ => return Err(req),
         };
+        Ok(Self::log_and_respond(
+            kind, &method, &raw_path, &key, result, started,
+        ))
+    }
+
+    /// The response for a versioned request's result, and its access line:
+    /// exactly one per request.
+    fn log_and_respond(
+        kind: RequestKind,
+        method: &Method,
+        raw_path: &str,
+        key: &str,
+        result: Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
+        started: Instant,
+    ) -> (RequestKind, Response<Body>) {
         let (response, outcome) = match result {
             Ok((response, outcome)) => (response, outcome),
             Err((err, before)) => {
@@ -157,7 +197,7 @@ impl Versioning {
             latency_ms = started.elapsed().as_secs_f64() * 1000.0,
             "versioned request"
         );
-        Ok((kind, response))
+        (kind, response)
     }
 
     // ---------------------------------------------------------------- read

@@ -245,6 +245,9 @@ pattern = {{ $r.pattern | toJson }}
 {{- if $r.collection }}
 collection = {{ $r.collection | toJson }}
 {{- end }}
+{{- if $r.case_insensitive_ids }}
+case_insensitive_ids = true
+{{- end }}
 {{- end }}
 {{- end }}
 

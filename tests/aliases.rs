@@ -1,0 +1,383 @@
+//! No way around the version check: every alias of a versioned item that a
+//! lenient backend would resolve (a `;param`, `%2F`, `\`, a dot segment above
+//! the root, another letter case, a method override, a lower-case method) is
+//! either versioned under that item's key or refused, and CONNECT is never
+//! tunnelled. Each test runs the real binary against the legacy backend.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod versioned_support;
+
+use common::{raw_http1, raw_status, Backend, Client, Lockstep};
+use http::Method;
+use serde_json::json;
+use versioned_support::{assert_conflict, assert_problem, seed};
+
+/// What lockstep must answer to a stale write through an alias.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    /// Versioned under the item's key: 409 with the current version.
+    Conflict,
+    /// Refused: 400 with this problem type.
+    Refused(&'static str),
+}
+
+/// Method, path (with query), extra headers, and the answer wanted.
+type Case = (
+    &'static str,
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    Want,
+);
+
+#[tokio::test]
+async fn stale_writes_through_aliases_are_refused_or_get_409_and_never_reach_the_backend() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/42", json!({"title": "original"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    // One real write: the item is at version 2, so If-Match 1 is stale.
+    let write = client
+        .patch(
+            lockstep.proxy_url_for("/articles/42"),
+            json!({"title": "kept"}),
+        )
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+    assert_eq!(write.etag_version(), Some(2));
+    backend.clear_log().await;
+
+    let ambiguous = Want::Refused("ambiguous-path");
+    let invalid = Want::Refused("invalid-request");
+    let cases: Vec<Case> = vec![
+        // Benign aliases: canonicalised, so the stale write is caught.
+        ("PATCH", "/articles/42/", vec![], Want::Conflict),
+        ("PATCH", "//articles//42", vec![], Want::Conflict),
+        ("PATCH", "/articles/%34%32", vec![], Want::Conflict),
+        ("PATCH", "/articles/x/../42", vec![], Want::Conflict),
+        ("PATCH", "/other/%2e%2e/articles/42", vec![], Want::Conflict),
+        // Jetty and Tomcat drop ';' parameters.
+        ("PATCH", "/articles/42;x", vec![], ambiguous),
+        ("PATCH", "/articles/42%3Bx", vec![], ambiguous),
+        ("PUT", "/articles;v=1/42", vec![], ambiguous),
+        ("DELETE", "/articles/42;x", vec![], ambiguous),
+        ("PATCH", "/articles/..;/articles/42", vec![], ambiguous),
+        // Express matches literals without regard to case.
+        ("PATCH", "/Articles/42", vec![], ambiguous),
+        ("DELETE", "/ARTICLES/42", vec![], ambiguous),
+        // WSGI decodes %2F.
+        ("PATCH", "/articles%2F42", vec![], ambiguous),
+        ("PATCH", "/articles%2f42", vec![], ambiguous),
+        // WHATWG URL clamps '..' at the root and reads '\' as '/'.
+        ("PATCH", "/../articles/42", vec![], ambiguous),
+        ("PATCH", "/%2e%2e/articles/42", vec![], ambiguous),
+        ("PATCH", "/articles%5C42", vec![], ambiguous),
+        // Method overrides are checked as the write they name.
+        (
+            "POST",
+            "/articles/42",
+            vec![("X-HTTP-Method-Override", "PATCH")],
+            Want::Conflict,
+        ),
+        (
+            "POST",
+            "/articles/42",
+            vec![("X-HTTP-Method", "delete")],
+            Want::Conflict,
+        ),
+        (
+            "POST",
+            "/articles/42",
+            vec![("X-Method-Override", "PUT")],
+            Want::Conflict,
+        ),
+        ("POST", "/articles/42?_method=PATCH", vec![], Want::Conflict),
+        // …or refused when they name anything else.
+        (
+            "POST",
+            "/articles/42",
+            vec![("X-HTTP-Method-Override", "GET")],
+            invalid,
+        ),
+        (
+            "POST",
+            "/articles/42?_method=DELETE",
+            vec![("X-HTTP-Method-Override", "PATCH")],
+            invalid,
+        ),
+        (
+            "PUT",
+            "/articles/42",
+            vec![("X-HTTP-Method-Override", "PATCH")],
+            invalid,
+        ),
+        (
+            "GET",
+            "/articles/42",
+            vec![("X-HTTP-Method-Override", "DELETE")],
+            invalid,
+        ),
+        // Some frameworks upper-case the method.
+        ("patch", "/articles/42", vec![], invalid),
+        ("Put", "/articles/42", vec![], invalid),
+        ("dElEtE", "/articles/42", vec![], invalid),
+        ("get", "/articles/42", vec![], invalid),
+    ];
+    for (method, path, headers, want) in cases {
+        let mut req = client
+            .request(
+                Method::from_bytes(method.as_bytes()).unwrap(),
+                lockstep.proxy_url_for(path),
+            )
+            .header("content-type", "application/json")
+            .if_match(1)
+            .body(r#"{"title": "lost"}"#);
+        for (name, value) in &headers {
+            req = req.header(name, value);
+        }
+        let resp = req.send().await;
+        match want {
+            Want::Conflict => assert_conflict(&resp, 409, 2),
+            Want::Refused(token) => {
+                let doc = assert_problem(&resp, 400, token);
+                let detail = doc["detail"].as_str().unwrap();
+                assert!(
+                    !detail.is_empty(),
+                    "{method} {path} {headers:?}: a refusal says why: {doc}"
+                );
+            }
+        }
+    }
+
+    assert_eq!(
+        backend.stored("/articles/42").await,
+        Some(json!({"title": "kept"})),
+        "an alias changed the item"
+    );
+    let log = backend.log().await;
+    assert!(
+        log.is_empty(),
+        "a stale or refused write reached the backend: {log:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_ambiguous_path_says_which_alias_and_what_it_reads_as() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let resp = client
+        .patch(lockstep.proxy_url_for("/articles/42;x"), json!({"t": 1}))
+        .send()
+        .await;
+    let doc = assert_problem(&resp, 400, "ambiguous-path");
+    let detail = doc["detail"].as_str().unwrap();
+    for part in ["/articles/42;x", "';' path parameter", "\"articles/42\""] {
+        assert!(detail.contains(part), "{part:?} missing from {detail:?}");
+    }
+
+    let resp = client
+        .post(lockstep.proxy_url_for("/Articles"), json!({"id": "7"}))
+        .send()
+        .await;
+    let doc = assert_problem(&resp, 400, "ambiguous-path");
+    let detail = doc["detail"].as_str().unwrap();
+    for part in ["letter case", "collection /articles"] {
+        assert!(detail.contains(part), "{part:?} missing from {detail:?}");
+    }
+    assert!(backend.log().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_raw_backslash_alias_never_reaches_the_item() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/42", json!({"title": "original"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    for target in ["/articles\\42", "/articles/42\\", "/x/..\\articles/42"] {
+        let body = r#"{"title": "lost"}"#;
+        let raw = format!(
+            "PATCH {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             If-Match: \"7\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw_http1(lockstep.proxy_addr(), raw).await;
+        assert_eq!(raw_status(&answer), Some(400), "{target}: {answer}");
+        assert!(
+            answer.contains(r#""type":"ambiguous-path""#),
+            "{target}: {answer}"
+        );
+    }
+    assert_eq!(
+        backend.stored("/articles/42").await,
+        Some(json!({"title": "original"}))
+    );
+    assert!(backend.log().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_post_overridden_to_a_write_is_claimed_like_that_write_and_forwarded_as_sent() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/42", json!({"title": "original"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let resp = client
+        .post(
+            lockstep.proxy_url_for("/articles/42"),
+            json!({"title": "new"}),
+        )
+        .header("X-HTTP-Method-Override", "PATCH")
+        .if_match(1)
+        .send()
+        .await;
+    assert!(resp.status < 300, "{resp:?}");
+    assert_eq!(
+        resp.etag_version(),
+        Some(2),
+        "the override bumped the version: {resp:?}"
+    );
+
+    let log = backend.log().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["method"], "POST", "forwarded as sent: {log:?}");
+    assert_eq!(log[0]["path"], "/articles/42");
+    assert_eq!(
+        log[0]["headers"]["x-http-method-override"],
+        json!(["PATCH"])
+    );
+    assert!(
+        log[0]["headers"].get("if-match").is_none(),
+        "the precondition is lockstep's: {log:?}"
+    );
+
+    // The version it read is now stale, through the override as directly.
+    let again = client
+        .post(
+            lockstep.proxy_url_for("/articles/42?_method=patch"),
+            json!({"title": "x"}),
+        )
+        .if_match(1)
+        .send()
+        .await;
+    assert_conflict(&again, 409, 2);
+    let direct = client
+        .patch(
+            lockstep.proxy_url_for("/articles/42"),
+            json!({"title": "x"}),
+        )
+        .if_match(1)
+        .send()
+        .await;
+    assert_conflict(&direct, 409, 2);
+    assert_eq!(backend.log().await.len(), 1);
+}
+
+#[tokio::test]
+async fn method_rules_apply_only_to_versioned_routes() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let resp = client
+        .request(
+            Method::from_bytes(b"patch").unwrap(),
+            lockstep.proxy_url_for("/echo/x"),
+        )
+        .header("X-HTTP-Method-Override", "DELETE")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.json()["method"], "patch");
+    // A collection POST with no override is still a create.
+    let created = client
+        .post(lockstep.proxy_url_for("/articles"), json!({"id": "9"}))
+        .send()
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.etag_version(), Some(1));
+}
+
+#[tokio::test]
+async fn case_insensitive_ids_share_one_key_and_keep_the_clients_spelling() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .extra_toml(
+            "[[resources]]\npattern = \"/autos/{id}\"\ncase_insensitive_ids = true\n\
+             [[resources]]\npattern = \"/articles/{id}\"\n",
+        )
+        .start();
+    let client = Client::new();
+
+    let first = client
+        .patch(lockstep.proxy_url_for("/autos/ABC"), json!({"n": 1}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.etag_version(), Some(2));
+    let stale = client
+        .patch(lockstep.proxy_url_for("/autos/abc"), json!({"n": 2}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_conflict(&stale, 409, 2);
+    let read = client
+        .get(lockstep.proxy_url_for("/autos/aBc"))
+        .send()
+        .await;
+    assert_eq!(read.etag_version(), Some(2), "{read:?}");
+    let paths: Vec<_> = backend
+        .log()
+        .await
+        .iter()
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, ["/autos/ABC", "/autos/aBc"]);
+
+    // Without the flag, ids keep their case in the key.
+    let other = client
+        .patch(lockstep.proxy_url_for("/articles/ABC"), json!({"n": 1}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(other.status, 200, "{other:?}");
+    let lower = client
+        .patch(lockstep.proxy_url_for("/articles/abc"), json!({"n": 1}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(lower.status, 200, "{lower:?}");
+}
+
+#[tokio::test]
+async fn connect_gets_405_and_never_opens_a_tunnel() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    for target in [
+        backend.addr().to_string(),
+        "example.com:443".to_string(),
+        "/articles/42".to_string(),
+        "/echo".to_string(),
+    ] {
+        let raw = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+        let answer = raw_http1(lockstep.proxy_addr(), raw).await;
+        assert_eq!(raw_status(&answer), Some(405), "CONNECT {target}: {answer}");
+        assert!(
+            answer.contains("application/problem+json") && answer.contains("method-not-allowed"),
+            "CONNECT {target}: {answer}"
+        );
+        assert!(
+            answer.to_ascii_lowercase().contains("\r\nallow: "),
+            "{answer}"
+        );
+    }
+    assert!(backend.log().await.is_empty());
+}
