@@ -5,7 +5,8 @@
 // What it brings is Express's reading of a request: routes match without
 // regard to case and with an optional trailing slash, route parameters are
 // percent-decoded, and the router's method-override middleware turns a POST
-// with `X-HTTP-Method-Override` into the method it names.
+// with `X-HTTP-Method-Override` into the method it names (that header only,
+// and on POST only: `method-override` 3.0's defaults).
 //
 // json-server is found through NODE_PATH (.tools/alias/node_modules).
 'use strict';
