@@ -1,6 +1,7 @@
 //! Sends each request to a wing. The proxy listener: the lock API under its
 //! optional prefix, versioned routes to the versioning wing, everything else
-//! straight through. The admin listener: health, readiness, metrics, locks.
+//! straight through; CONNECT is refused with 405, since lockstep opens no
+//! tunnels. The admin listener: health, readiness, metrics, locks.
 //!
 //! The routers count every request by the kind of route that answered it,
 //! since this is where that is decided, and write the access line of the

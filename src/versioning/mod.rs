@@ -9,6 +9,9 @@
 //! create: forward ─► created ─► stamp ─► log
 //! ```
 //!
+//! * **method** — which method the request is checked as ([`method`]): a
+//!   method override on a `POST` is checked as the write it names; a method
+//!   in the wrong case or any other override is refused.
 //! * **precondition** — the expected version from `If-Match` and the body;
 //!   bad input is refused here, before anything is stored.
 //! * **claim** — one conditional UPDATE takes the key's write lease at the
