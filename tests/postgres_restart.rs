@@ -27,14 +27,12 @@ struct PgCluster {
 }
 
 impl PgCluster {
-    /// `None` (with a loud message) when there is no PostgreSQL to use.
+    /// `None` (with a loud message) when skipping PostgreSQL was asked for.
     fn create() -> Option<PgCluster> {
-        if std::env::var_os("LOCKSTEP_TEST_POSTGRES_URL").is_none() {
-            eprintln!(
-                "SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; PostgreSQL restart test did not run (scripts/test sets it)"
-            );
-            return None;
-        }
+        // The shared server is not used, but where there is none there is
+        // no PostgreSQL to run either: the same rule (fail, or skip loudly
+        // when asked).
+        common::postgres_admin_url("the PostgreSQL restart test")?;
         let bin = find_pg_bin().expect("PostgreSQL binaries under /usr/lib/postgresql/*/bin");
         let as_postgres = is_root();
 

@@ -3,6 +3,8 @@
 //! must give the same answers, including under concurrency and expiry.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,13 +36,10 @@ async fn sqlite() -> Db {
     }
 }
 
-/// A fresh database on the test server, or `None` (with a loud message)
-/// when no server was given.
+/// A fresh database on the test server; `None` (said loudly) only when
+/// skipping PostgreSQL was asked for.
 async fn postgres() -> Option<Db> {
-    let Ok(admin) = std::env::var("LOCKSTEP_TEST_POSTGRES_URL") else {
-        eprintln!("SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; PostgreSQL store tests did not run (scripts/test sets it)");
-        return None;
-    };
+    let admin = common::postgres_admin_url("this PostgreSQL store test")?;
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     let conn = sqlx::PgPool::connect(&admin).await.unwrap();
     sqlx::query(&format!("CREATE DATABASE {name}"))
