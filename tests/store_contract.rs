@@ -76,6 +76,9 @@ contract!(
     unseen_key_is_version_1_and_reads_do_not_create_rows,
     claim_commit_bumps_and_releases,
     abort_keeps_the_version,
+    an_aborted_write_leaves_no_row_where_there_was_none,
+    an_aborted_write_keeps_a_row_that_was_there,
+    an_aborted_write_whose_lease_ran_out_keeps_its_bump,
     stale_claims_fail,
     expired_lease_is_taken_over_with_a_bump,
     unknown_outcome_bumps_and_keeps_the_key_closed,
@@ -120,6 +123,56 @@ async fn abort_keeps_the_version(s: Arc<dyn Store>) {
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (1, Lease::Free));
     assert_eq!(s.claim("k", 1, "l2", LONG).await.unwrap(), Some(1));
+}
+
+async fn an_aborted_write_leaves_no_row_where_there_was_none(s: Arc<dyn Store>) {
+    assert_eq!(s.claim("junk", 1, "l1", LONG).await.unwrap(), Some(1));
+    assert!(
+        s.current("junk").await.unwrap().exists,
+        "the claim made a row"
+    );
+    s.abort("junk", "l1").await.unwrap();
+    let st = s.current("junk").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, false));
+    // The key is as if never written: the next writer creates it afresh.
+    assert_eq!(s.claim("junk", 1, "l2", LONG).await.unwrap(), Some(1));
+    assert_eq!(s.commit("junk", "l2").await.unwrap(), Some(2));
+}
+
+async fn an_aborted_write_keeps_a_row_that_was_there(s: Arc<dyn Store>) {
+    // A created item at version 1 keeps its row.
+    assert_eq!(s.created("made").await.unwrap(), 1);
+    assert_eq!(s.claim("made", 1, "l1", LONG).await.unwrap(), Some(1));
+    s.abort("made", "l1").await.unwrap();
+    let st = s.current("made").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, true));
+    // A key past version 1 too, at its version.
+    s.claim("k", 1, "l2", LONG).await.unwrap();
+    assert_eq!(s.commit("k", "l2").await.unwrap(), Some(2));
+    assert_eq!(s.claim("k", 2, "l3", LONG).await.unwrap(), Some(2));
+    s.abort("k", "l3").await.unwrap();
+    let st = s.current("k").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (2, Lease::Free, true));
+    // Another writer's lease is not ours to remove.
+    assert_eq!(s.claim("other", 1, "theirs", LONG).await.unwrap(), Some(1));
+    s.abort("other", "mine").await.unwrap();
+    let st = s.current("other").await.unwrap();
+    assert!(st.exists && matches!(st.lease, Lease::Held { .. }));
+}
+
+async fn an_aborted_write_whose_lease_ran_out_keeps_its_bump(s: Arc<dyn Store>) {
+    s.claim("late", 1, "slow", Duration::from_millis(60))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(s.current("late").await.unwrap().version, 2, "shown as 2");
+    s.abort("late", "slow").await.unwrap();
+    let st = s.current("late").await.unwrap();
+    assert_eq!(
+        (st.version, st.lease, st.exists),
+        (2, Lease::Free, true),
+        "a version readers were shown never goes back"
+    );
 }
 
 async fn stale_claims_fail(s: Arc<dyn Store>) {

@@ -78,7 +78,11 @@ pub trait VersionStore: Send + Sync {
     /// version and release the lease. `None` when the lease was lost.
     async fn commit(&self, key: &str, lease_id: &str) -> Result<Option<i64>>;
 
-    /// The backend refused the write: release the lease, keep the version.
+    /// The write was refused (by the backend, or before it was sent):
+    /// release the lease, keep the version. A row the claim inserted is
+    /// removed again while nobody can have seen it past version 1, so
+    /// writes to keys that do not exist leave no rows behind; a key that had
+    /// a row keeps it.
     async fn abort(&self, key: &str, lease_id: &str) -> Result<()>;
 
     /// No answer came (timeout, reset): the write may still be running, so

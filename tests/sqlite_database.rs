@@ -1,0 +1,98 @@
+//! lockstep and its SQLite file: what the table holds after writes that
+//! never happened, and how lockstep treats the file it was given.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use common::{sqlite_url, Backend, Client, Lockstep};
+use serde_json::json;
+
+/// Rows of `table` in the SQLite file at `url`, read without taking part.
+async fn rows(url: &str, table: &str) -> i64 {
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .unwrap()
+        .read_only(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let n = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n
+}
+
+async fn stop(mut lockstep: Lockstep) {
+    lockstep.terminate();
+    assert!(lockstep.wait_exit(Duration::from_secs(10)).await.success());
+}
+
+#[tokio::test]
+async fn refused_writes_to_keys_that_do_not_exist_leave_no_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite_url(dir.path());
+    let client = Client::new();
+    const JUNK: usize = 40;
+
+    // The backend refuses: DELETE of an item it does not have is a 404.
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .database(&db)
+        .start();
+    for i in 0..JUNK {
+        let resp = client
+            .delete(lockstep.proxy_url_for(&format!("/articles/junk-{i}")))
+            .send()
+            .await;
+        assert_eq!(resp.status, 404, "{resp:?}");
+    }
+    // A write that happened keeps its row, and so does a refused write to
+    // a key that has one.
+    let resp = client
+        .put(lockstep.proxy_url_for("/articles/real"), json!({"t": 1}))
+        .send()
+        .await;
+    assert_eq!(resp.etag_version(), Some(2), "{resp:?}");
+    let resp = client
+        .put(lockstep.proxy_url_for("/articles/real"), json!([1]))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(
+        resp.status, 400,
+        "the backend refuses a non-object: {resp:?}"
+    );
+    stop(lockstep).await;
+
+    // The write never leaves: nothing listens at the upstream.
+    let lockstep = Lockstep::builder()
+        .upstream("http://127.0.0.1:1")
+        .database(&db)
+        .start();
+    for i in 0..JUNK {
+        let resp = client
+            .patch(
+                lockstep.proxy_url_for(&format!("/counters/junk-{i}")),
+                json!({"n": 1}),
+            )
+            .if_match(1)
+            .send()
+            .await;
+        assert_eq!(resp.status, 502, "{resp:?}");
+    }
+    let resp = client
+        .get(lockstep.proxy_url_for("/articles/junk-0"))
+        .send()
+        .await;
+    assert_eq!(resp.status, 502, "{resp:?}");
+    stop(lockstep).await;
+
+    assert_eq!(
+        rows(&db, "versions").await,
+        1,
+        "only the key that was written has a row"
+    );
+}
