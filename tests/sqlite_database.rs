@@ -8,7 +8,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use common::{sqlite_url, Backend, Client, Lockstep};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Rows of `table` in the SQLite file at `url`, read without taking part.
 async fn rows(url: &str, table: &str) -> i64 {
@@ -94,5 +94,54 @@ async fn refused_writes_to_keys_that_do_not_exist_leave_no_rows() {
         rows(&db, "versions").await,
         1,
         "only the key that was written has a row"
+    );
+}
+
+/// The WARN lines that say a new database was created.
+fn created_lines(lockstep: &Lockstep) -> Vec<Value> {
+    lockstep
+        .log_lines()
+        .into_iter()
+        .filter(|l| {
+            let message = l
+                .get("fields")
+                .and_then(|f| f.get("message"))
+                .unwrap_or(&l["message"]);
+            l["level"] == "WARN"
+                && message
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("created new SQLite database"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_new_database_is_announced_with_a_warning_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite_url(dir.path());
+    let file = dir.path().join("lockstep.db");
+
+    let first = Lockstep::builder().database(&db).start();
+    let lines = created_lines(&first);
+    assert_eq!(lines.len(), 1, "{}", first.output_text());
+    let message = lines[0]
+        .get("fields")
+        .and_then(|f| f.get("message"))
+        .unwrap_or(&lines[0]["message"]);
+    assert_eq!(
+        message.as_str().unwrap(),
+        format!(
+            "created new SQLite database {}; versions start at 1",
+            file.display()
+        )
+    );
+    stop(first).await;
+
+    // The same file again: nothing new, nothing to warn about.
+    let second = Lockstep::builder().database(&db).start();
+    assert!(
+        created_lines(&second).is_empty(),
+        "{}",
+        second.output_text()
     );
 }

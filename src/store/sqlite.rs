@@ -50,6 +50,9 @@ pub async fn connect(
         .busy_timeout(Duration::from_secs(5))
         .foreign_keys(true);
     if memory {
+        tracing::warn!(
+            "SQLite database in memory; versions start at 1 and are lost when lockstep exits"
+        );
         // Every connection to `sqlite::memory:` is its own database: keep
         // exactly one, forever, for reads and writes alike.
         let pool = SqlitePoolOptions::new()
@@ -70,6 +73,11 @@ pub async fn connect(
     // One writer connection (see `SqlStore::writer`), and a few readers:
     // reads run in parallel under WAL, but each pooled connection is a
     // thread of its own, and more of them than cores only adds switching.
+    // A database lockstep creates has no versions: every key starts at 1
+    // again, and a client holding an ETag from a database that was lost may
+    // match. Say so where an operator will see it.
+    let path = options.get_filename().to_owned();
+    let existed = path.try_exists().unwrap_or(true);
     let writer = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
@@ -77,6 +85,13 @@ pub async fn connect(
         .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
+    if !existed {
+        tracing::warn!(
+            path = %path.display(),
+            "created new SQLite database {}; versions start at 1",
+            path.display()
+        );
+    }
     // The cache relies on the shared -shm file; URL options such as
     // `vfs=unix-excl` keep the WAL index in private memory instead, and a
     // leftover -shm file would then never change. Plain URLs only.
