@@ -145,3 +145,44 @@ async fn a_new_database_is_announced_with_a_warning_naming_the_file() {
         second.output_text()
     );
 }
+
+#[tokio::test]
+async fn a_second_lockstep_on_the_same_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite_url(dir.path());
+    let backend = Backend::start();
+    let client = Client::new();
+    let first = Lockstep::builder()
+        .upstream(backend.url())
+        .database(&db)
+        .start();
+
+    let failure = match Lockstep::builder().database(&db).try_start() {
+        Ok(_) => panic!("a second lockstep started on {db}"),
+        Err(failure) => failure,
+    };
+    assert!(
+        failure.code().is_some_and(|c| c != 0),
+        "it must exit with an error: {failure}"
+    );
+    assert!(
+        failure
+            .output_text()
+            .contains("another lockstep process is using the SQLite database"),
+        "the reason, in words: {failure}"
+    );
+
+    // The first is undisturbed; once it has gone, the file is free.
+    let resp = client
+        .put(first.proxy_url_for("/articles/1"), json!({"t": 1}))
+        .send()
+        .await;
+    assert_eq!(resp.etag_version(), Some(2), "{resp:?}");
+    stop(first).await;
+    let second = Lockstep::builder()
+        .upstream(backend.url())
+        .database(&db)
+        .start();
+    let resp = client.get(second.proxy_url_for("/articles/1")).send().await;
+    assert_eq!(resp.etag_version(), Some(2), "{resp:?}");
+}

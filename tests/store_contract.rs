@@ -17,6 +17,7 @@ fn pool() -> PoolSettings {
     PoolSettings {
         max_connections: 16,
         acquire_timeout: Duration::from_secs(10),
+        idle_timeout: store::DEFAULT_IDLE_TIMEOUT,
     }
 }
 
@@ -418,4 +419,77 @@ async fn late_commit_goes_past_the_version_readers_were_shown(s: Arc<dyn Store>)
     assert_eq!(s.commit("k", "slow").await.unwrap(), Some(3));
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (3, Lease::Free));
+}
+
+// ---- SQLite only: the file belongs to one store ----
+
+async fn sqlite_at(dir: &std::path::Path, idle_timeout: Duration) -> Arc<dyn Store> {
+    let url = format!("sqlite://{}", dir.join("store.db").display());
+    let settings = PoolSettings {
+        idle_timeout,
+        ..pool()
+    };
+    store::connect(&url, &settings, Metrics::new().db.clone())
+        .await
+        .unwrap()
+}
+
+/// Waits until SQLite removed the `-shm` file, which it does when the last
+/// connection to the database closes.
+async fn every_connection_closed(shm: &std::path::Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while shm.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} still there: some connection stayed open",
+            shm.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SQLite removes and rebuilds `-shm` when every connection has closed; a
+/// cache keyed on that file could then serve an old version. Reads here
+/// must never show a version older than a write that returned before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_reads_stay_current_when_every_connection_closes_between_fill_and_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sqlite_at(dir.path(), Duration::from_millis(100)).await;
+    let shm = dir.path().join("store.db-shm");
+    s.claim("k", 1, "l0", LONG).await.unwrap();
+    let mut written = s.commit("k", "l0").await.unwrap().unwrap();
+    for round in 0..4 {
+        // Fill, and see the fill served.
+        assert_eq!(s.current("k").await.unwrap().version, written);
+        assert_eq!(s.current("k").await.unwrap().version, written);
+        every_connection_closed(&shm).await;
+        let lease = format!("l{}", round + 1);
+        assert_eq!(
+            s.claim("k", written, &lease, LONG).await.unwrap(),
+            Some(written)
+        );
+        written = s.commit("k", &lease).await.unwrap().unwrap();
+        every_connection_closed(&shm).await;
+        assert_eq!(
+            s.current("k").await.unwrap().version,
+            written,
+            "round {round}: a read after a completed write"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_file_is_refused_to_a_second_store_while_the_first_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = sqlite_at(dir.path(), store::DEFAULT_IDLE_TIMEOUT).await;
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let err = match store::connect(&url, &pool(), Metrics::new().db.clone()).await {
+        Ok(_) => panic!("a second store opened the same SQLite file"),
+        Err(e) => lockstep::error::chain(&e),
+    };
+    assert!(err.contains("another lockstep process"), "{err}");
+    drop(first);
+    // Dropping the store lets go of the file.
+    let again = store::connect(&url, &pool(), Metrics::new().db.clone()).await;
+    assert!(again.is_ok(), "the file stayed locked after the store went");
 }

@@ -13,6 +13,7 @@
 //! lockstep process.
 
 mod batch;
+mod file_guard;
 mod locks;
 pub mod postgres;
 mod sql;
@@ -176,7 +177,12 @@ pub trait Store: VersionStore + LockStore {
 pub struct PoolSettings {
     pub max_connections: u32,
     pub acquire_timeout: Duration,
+    /// How long an unused pooled connection stays open.
+    pub idle_timeout: Duration,
 }
+
+/// [`PoolSettings::idle_timeout`] unless a test asks for less.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Opens the database named by `url`, runs the embedded migrations, and
 /// returns the store, which records its statement timings in `metrics`.

@@ -39,6 +39,7 @@ pub async fn connect(
     let pool = PgPoolOptions::new()
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(settings.max_connections)
+        .idle_timeout(settings.idle_timeout)
         .connect_lazy_with(options);
     if let Err(e) = MIGRATOR.run(&pool).await {
         tracing::warn!(error = %crate::error::chain(&e), "database not ready; retrying migrations in the background");

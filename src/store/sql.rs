@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::batch::{self, Arg, Batcher};
+use super::file_guard::FileGuard;
 use super::locks::LockSql;
 use super::version_cache::VersionCache;
 use super::versions::VersionSql;
@@ -65,9 +66,11 @@ pub struct SqlStore<DB: Database> {
     pub(super) wakeups: Wakeups,
     pub(super) dialect: Dialect,
     pub(super) metrics: DbMetrics,
-    /// Versions read from a SQLite file, kept while the file is unchanged
+    /// Versions read from SQLite, kept until this process next writes
     /// (`None`: every read asks the database).
     pub(super) version_cache: Option<VersionCache>,
+    /// The SQLite file this process owns, held for the store's life.
+    pub(super) file: Option<FileGuard>,
 }
 
 impl<DB: Database> SqlStore<DB> {
@@ -88,12 +91,19 @@ impl<DB: Database> SqlStore<DB> {
             dialect,
             metrics,
             version_cache: None,
+            file: None,
         }
     }
 
     /// Serves version reads from `cache` while the database is unchanged.
     pub fn with_version_cache(mut self, cache: Option<VersionCache>) -> Self {
         self.version_cache = cache;
+        self
+    }
+
+    /// Owns the database file through `guard` for as long as the store lives.
+    pub fn with_file(mut self, guard: FileGuard) -> Self {
+        self.file = Some(guard);
         self
     }
 
@@ -143,17 +153,26 @@ where
         stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Vec<<DB as Database>::Row>> {
-        self.timed(stmt.op, async {
-            Ok(match &self.batcher {
-                Some(b) => b.execute(&stmt.sql, args).await?,
-                None => {
-                    batch::query::<DB>(&stmt.sql, &args)
-                        .fetch_all(&self.writer)
-                        .await?
-                }
+        let rows = self
+            .timed(stmt.op, async {
+                Ok(match &self.batcher {
+                    Some(b) => b.execute(&stmt.sql, args).await?,
+                    None => {
+                        batch::query::<DB>(&stmt.sql, &args)
+                            .fetch_all(&self.writer)
+                            .await?
+                    }
+                })
             })
-        })
-        .await
+            .await;
+        // Whatever the outcome (a failed commit may still have landed), no
+        // cached version read before this write is served after it. Every
+        // write empties the cache, lock writes too: simpler than knowing
+        // which statements touch versions, and they are the rarer kind.
+        if let Some(cache) = &self.version_cache {
+            cache.invalidate();
+        }
+        rows
     }
 
     /// A conditional write that returns at most one row.

@@ -143,14 +143,14 @@ where
     usize: ColumnIndex<<DB as Database>::Row>,
 {
     async fn current(&self, key: &str) -> Result<VersionState> {
-        let tag = match self.version_cache.as_ref().map(|c| c.lookup(key)) {
+        let ticket = match self.version_cache.as_ref().map(|c| c.lookup(key)) {
             Some(Lookup::Hit(state)) => return Ok(state),
-            Some(Lookup::Miss(tag)) => tag,
+            Some(Lookup::Miss(ticket)) => Some(ticket),
             None => None,
         };
         let state = self.read_current(key).await?;
-        if let (Some(cache), Some(tag)) = (&self.version_cache, tag) {
-            cache.fill(key, tag, state);
+        if let (Some(cache), Some(ticket)) = (&self.version_cache, ticket) {
+            cache.fill(key, ticket, state);
         }
         Ok(state)
     }

@@ -5,7 +5,7 @@
 //! PostgreSQL database (created on the server named by
 //! `LOCKSTEP_TEST_POSTGRES_URL`; without one the test fails, unless
 //! `LOCKSTEP_TEST_SKIP_POSTGRES=1`, where it skips loudly).
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::str::FromStr;
 
@@ -131,6 +131,24 @@ macro_rules! db_tests {
             )*
         }
         mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if $crate::locks_db::postgres_admin_url().is_some() {
+                        super::$name($crate::locks_db::DbKind::Postgres).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// `replica_tests!(a)` makes only `postgres_replicas::a`, for tests that
+/// need several lockstep processes on one database: a SQLite file belongs
+/// to one process (a second one is refused at start).
+macro_rules! replica_tests {
+    ($($name:ident),* $(,)?) => {
+        mod postgres_replicas {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
