@@ -186,3 +186,106 @@ async fn a_second_lockstep_on_the_same_file_is_refused() {
     let resp = client.get(second.proxy_url_for("/articles/1")).send().await;
     assert_eq!(resp.etag_version(), Some(2), "{resp:?}");
 }
+
+/// What a lockstep whose database file went away must do: not ready, and
+/// versioned writes and lock calls refused, the backend never reached.
+async fn fails_closed(lockstep: &Lockstep, backend: &Backend) {
+    let client = Client::new();
+    let ready = client.get(lockstep.admin_url_for("/readyz")).send().await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert_eq!(ready.json()["type"], "unavailable", "{ready:?}");
+    backend.clear_log().await;
+    let write = client
+        .patch(lockstep.proxy_url_for("/articles/1"), json!({"t": 2}))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(write.status, 503, "{write:?}");
+    assert_eq!(write.json()["type"], "unavailable", "{write:?}");
+    let fresh = client
+        .put(lockstep.proxy_url_for("/articles/new"), json!({"t": 1}))
+        .send()
+        .await;
+    assert_eq!(fresh.status, 503, "{fresh:?}");
+    assert!(
+        backend.log().await.is_empty(),
+        "the backend saw a versioned write"
+    );
+    let lock = client
+        .post(
+            lockstep.admin_url_for("/locks/job:1"),
+            json!({"owner": "a", "ttl_ms": 1000}),
+        )
+        .send()
+        .await;
+    assert_eq!(lock.status, 503, "{lock:?}");
+    // A read passes, but without a version of a database that is gone.
+    let read = client
+        .get(lockstep.proxy_url_for("/articles/1"))
+        .send()
+        .await;
+    assert_eq!(read.status, 200, "{read:?}");
+    assert_eq!(read.etag_version(), None, "{read:?}");
+    // Said once, as an ERROR, naming the file.
+    let errors: Vec<_> = lockstep
+        .log_lines()
+        .into_iter()
+        .filter(|l| {
+            l["level"] == "ERROR"
+                && l.to_string()
+                    .contains("database file was deleted or replaced")
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "{}", lockstep.output_text());
+    assert!(
+        errors[0].to_string().contains("lockstep.db"),
+        "{}",
+        errors[0]
+    );
+}
+
+/// A lockstep on a fresh file in `dir` with `/articles/1` at version 2.
+async fn serving_one_item(dir: &std::path::Path, backend: &Backend) -> Lockstep {
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .database(sqlite_url(dir))
+        .start();
+    let client = Client::new();
+    let resp = client
+        .put(lockstep.proxy_url_for("/articles/1"), json!({"t": 1}))
+        .send()
+        .await;
+    assert_eq!(resp.etag_version(), Some(2), "{resp:?}");
+    let ready = client.get(lockstep.admin_url_for("/readyz")).send().await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    lockstep
+}
+
+#[tokio::test]
+async fn a_database_file_deleted_under_lockstep_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::start();
+    let lockstep = serving_one_item(dir.path(), &backend).await;
+    std::fs::remove_file(dir.path().join("lockstep.db")).unwrap();
+    fails_closed(&lockstep, &backend).await;
+}
+
+#[tokio::test]
+async fn a_database_file_replaced_under_lockstep_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::start();
+    let lockstep = serving_one_item(dir.path(), &backend).await;
+    // Another database under the same name: a fresh one, as after a
+    // restore of an old backup or a clean-up that recreated it.
+    let other = tempfile::tempdir().unwrap();
+    let made = Lockstep::builder()
+        .database(sqlite_url(other.path()))
+        .start();
+    stop(made).await;
+    std::fs::rename(
+        other.path().join("lockstep.db"),
+        dir.path().join("lockstep.db"),
+    )
+    .unwrap();
+    fails_closed(&lockstep, &backend).await;
+}

@@ -69,6 +69,9 @@ pub struct SqlStore<DB: Database> {
     /// Versions read from SQLite, kept until this process next writes
     /// (`None`: every read asks the database).
     pub(super) version_cache: Option<VersionCache>,
+    /// Readiness: a read and a write that change nothing.
+    ping_read: Stmt,
+    ping_write: Stmt,
     /// The SQLite file this process owns, held for the store's life.
     pub(super) file: Option<FileGuard>,
 }
@@ -91,6 +94,11 @@ impl<DB: Database> SqlStore<DB> {
             dialect,
             metrics,
             version_cache: None,
+            ping_read: Stmt::new("ping", "SELECT 1 FROM lock_token_floor WHERE id = 1".into()),
+            ping_write: Stmt::new(
+                "ping_write",
+                "UPDATE lock_token_floor SET token = token WHERE id = 1 RETURNING token".into(),
+            ),
             file: None,
         }
     }
@@ -109,6 +117,22 @@ impl<DB: Database> SqlStore<DB> {
 
     pub fn readers(&self) -> &Pool<DB> {
         &self.readers
+    }
+
+    /// Fails every statement once the SQLite file is not the one lockstep
+    /// opened (see `file_guard.rs`).
+    pub(super) fn same_file(&self) -> Result<()> {
+        match &self.file {
+            Some(guard) => guard.check().map_err(|lost| {
+                sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotFound, lost)).into()
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the SQLite file is known to be lost (no `stat`).
+    pub(super) fn file_lost(&self) -> bool {
+        self.file.as_ref().is_some_and(FileGuard::is_lost)
     }
 
     /// Runs `work` and records how long it took under `op`.
@@ -139,6 +163,7 @@ where
         stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Option<<DB as Database>::Row>> {
+        self.same_file()?;
         self.timed(stmt.op, async {
             Ok(batch::query::<DB>(&stmt.sql, &args)
                 .fetch_optional(&self.readers)
@@ -153,6 +178,7 @@ where
         stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Vec<<DB as Database>::Row>> {
+        self.same_file()?;
         let rows = self
             .timed(stmt.op, async {
                 Ok(match &self.batcher {
@@ -197,13 +223,20 @@ where
 {
     async fn ping(&self) -> Result<()> {
         // Reads a migrated table, so "reachable but not migrated" fails too.
-        self.timed("ping", async {
-            sqlx::query("SELECT 1 FROM lock_token_floor WHERE id = 1")
-                .fetch_one(&self.readers)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.read_row(&self.ping_read, Vec::new())
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
+        // And writes, the way every conditional write does (SQLite: through
+        // the group commit and the write lock; PostgreSQL: not a read-only
+        // standby): an UPDATE of the one floor row that changes nothing.
+        if self
+            .write_rows(&self.ping_write, Vec::new())
+            .await?
+            .is_empty()
+        {
+            return Err(sqlx::Error::RowNotFound.into());
+        }
+        Ok(())
     }
 
     fn pools(&self) -> Vec<PoolState> {

@@ -79,7 +79,7 @@ pub async fn connect(
     // A database lockstep creates has no versions: every key starts at 1
     // again, and a client holding an ETag from a database that was lost may
     // match. Say so where an operator will see it.
-    let guard = FileGuard::acquire(options.get_filename())
+    let mut guard = FileGuard::acquire(options.get_filename())
         .map_err(|e| sqlx::Error::Configuration(Box::new(e)))?;
     let path = guard.path().to_owned();
     let existed = path.try_exists().unwrap_or(true);
@@ -91,6 +91,7 @@ pub async fn connect(
         .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
+    guard.pin()?;
     if !existed {
         tracing::warn!(
             path = %path.display(),

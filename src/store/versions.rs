@@ -143,6 +143,11 @@ where
     usize: ColumnIndex<<DB as Database>::Row>,
 {
     async fn current(&self, key: &str) -> Result<VersionState> {
+        if self.file_lost() {
+            // Not even from memory: a read must not carry a version of a
+            // database that is gone.
+            self.same_file()?;
+        }
         let ticket = match self.version_cache.as_ref().map(|c| c.lookup(key)) {
             Some(Lookup::Hit(state)) => return Ok(state),
             Some(Lookup::Miss(ticket)) => Some(ticket),
