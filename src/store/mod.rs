@@ -13,6 +13,7 @@
 //! lockstep process.
 
 mod batch;
+mod breaker;
 mod file_guard;
 mod locks;
 pub mod postgres;

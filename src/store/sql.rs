@@ -16,12 +16,13 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::batch::{self, Arg, Batcher};
+use super::breaker::Breaker;
 use super::file_guard::FileGuard;
 use super::locks::LockSql;
 use super::version_cache::VersionCache;
 use super::versions::VersionSql;
 use super::{Store, Wakeups};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::metrics::{DbMetrics, PoolState};
 
 /// A statement and the operation name its timings are recorded under.
@@ -74,6 +75,9 @@ pub struct SqlStore<DB: Database> {
     ping_write: Stmt,
     /// The SQLite file this process owns, held for the store's life.
     pub(super) file: Option<FileGuard>,
+    /// Fails statements at once while the database is unreachable
+    /// (PostgreSQL; `None`: every statement tries).
+    pub(super) breaker: Option<std::sync::Arc<Breaker>>,
 }
 
 impl<DB: Database> SqlStore<DB> {
@@ -100,7 +104,14 @@ impl<DB: Database> SqlStore<DB> {
                 "UPDATE lock_token_floor SET token = token WHERE id = 1 RETURNING token".into(),
             ),
             file: None,
+            breaker: None,
         }
+    }
+
+    /// Fails statements at once while `breaker` is open.
+    pub fn with_breaker(mut self, breaker: std::sync::Arc<Breaker>) -> Self {
+        self.breaker = Some(breaker);
+        self
     }
 
     /// Serves version reads from `cache` while the database is unchanged.
@@ -142,8 +153,18 @@ impl<DB: Database> SqlStore<DB> {
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let started = Instant::now();
+        if self.breaker.as_ref().is_some_and(|b| b.is_open()) {
+            self.metrics.observe(op, started.elapsed(), false);
+            return Err(Error::Unavailable(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the database is unreachable; failing at once until it answers again",
+            ))));
+        }
         let result = work.await;
         self.metrics.observe(op, started.elapsed(), result.is_ok());
+        if let (Some(breaker), Err(Error::Unavailable(e))) = (&self.breaker, &result) {
+            breaker.saw(e);
+        }
         result
     }
 }
