@@ -7,8 +7,8 @@
 //! `ON CONFLICT … RETURNING`). The dialect differences (how to read the
 //! database's clock, two row-lock clauses) are a few strings per backend in
 //! `sqlite.rs` and `postgres.rs`, so the two cannot drift apart; what each
-//! engine adds around them (SQLite's group commit, PostgreSQL's
-//! notifications) lives there too. All times are milliseconds from the
+//! engine adds around them (SQLite's group commit, version cache and file
+//! guard; PostgreSQL's notifications and breaker) is wired there too. All times are milliseconds from the
 //! database's clock; no lock or lease decision reads the clock of the
 //! lockstep process.
 
