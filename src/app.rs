@@ -45,6 +45,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         &PoolSettings {
             max_connections: c.database.max_connections,
             acquire_timeout: ms(c.database.acquire_timeout_ms),
+            idle_timeout: store::DEFAULT_IDLE_TIMEOUT,
         },
         metrics.db.clone(),
     )

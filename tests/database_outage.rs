@@ -11,15 +11,9 @@ use std::time::Duration;
 use common::{eventually, Backend, Client, Lockstep};
 use serde_json::json;
 
-/// The test server's URL, or `None` with a loud message.
+/// The test server's URL (a failure without one, unless skipping was asked).
 fn admin_url() -> Option<String> {
-    match std::env::var("LOCKSTEP_TEST_POSTGRES_URL") {
-        Ok(url) => Some(url),
-        Err(_) => {
-            eprintln!("SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; PostgreSQL outage test did not run (scripts/test sets it)");
-            None
-        }
-    }
+    common::postgres_admin_url("the PostgreSQL outage test")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

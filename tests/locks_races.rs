@@ -3,7 +3,8 @@
 //! database), `?wait_ms` returning early on release or expiry and 409 at the
 //! bound, plain acquire never blocking, waiters taking turns, and fencing
 //! tokens that stay unique while the sweeper runs flat out. Every test runs
-//! on SQLite and on PostgreSQL (`db_tests!`).
+//! on SQLite and on PostgreSQL (`db_tests!`), except those that need two
+//! lockstep processes on one database: PostgreSQL only (`replica_tests!`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -19,17 +20,20 @@ use tokio::sync::Barrier;
 use common::{Client, Lockstep, Resp};
 use locks_db::{acquire, lock_url, release, token, Db, DbKind};
 
+replica_tests!(
+    fifty_acquirers_across_two_replicas_have_one_winner,
+    wait_on_one_replica_sees_a_release_on_another,
+);
+
 db_tests!(
     fifty_concurrent_acquirers_have_one_winner,
     fifty_acquirers_of_an_expired_or_released_lock_have_one_winner,
-    fifty_acquirers_across_two_replicas_have_one_winner,
     wait_returns_as_soon_as_the_holder_releases,
     wait_ends_with_409_after_the_bound,
     wait_returns_soon_after_the_holder_expires,
     wait_is_capped_by_max_wait_ms,
     plain_acquire_never_blocks,
     waiters_take_turns_without_overlap,
-    wait_on_one_replica_sees_a_release_on_another,
     tokens_stay_unique_while_the_sweeper_runs,
 );
 
@@ -399,7 +403,7 @@ async fn wait_on_one_replica_sees_a_release_on_another(db: DbKind) {
 
 /// Many short-lived locks on one resource, each taken by a new owner (so
 /// every grant is a change of holder and must get its own, larger token),
-/// through two replicas whose sweepers run every millisecond with a 1 ms
+/// through two replicas (one on SQLite) whose sweepers run every millisecond with a 1 ms
 /// retention: a sweep must never remove a row that was just taken over (its
 /// token not yet folded into the floor), or the next brand-new row would
 /// start at a token already handed out. A race detector: a lockstep with
@@ -407,18 +411,21 @@ async fn wait_on_one_replica_sees_a_release_on_another(db: DbKind) {
 async fn tokens_stay_unique_while_the_sweeper_runs(db: DbKind) {
     const WORKERS: usize = 4;
     let db = Db::fresh(db).await;
-    // Two replicas: two sweepers, and acquirers on both.
+    // Two replicas on PostgreSQL: two sweepers, and acquirers on both. A
+    // SQLite file belongs to one process: one sweeper racing the acquirers.
     let config = "min_ttl_ms = 1\nsweep_interval_ms = 1\nretention_ms = 1";
-    let replicas = [
-        db.lockstep().locks_toml(config).start(),
-        db.lockstep().locks_toml(config).start(),
-    ];
+    let replicas: Vec<Lockstep> = match db.kind {
+        DbKind::Postgres => (0..2)
+            .map(|_| db.lockstep().locks_toml(config).start())
+            .collect(),
+        DbKind::Sqlite => vec![db.lockstep().locks_toml(config).start()],
+    };
     let run_for = Duration::from_millis(2500);
     let t0 = Instant::now();
 
     let mut tasks = Vec::new();
     for w in 0..WORKERS {
-        let url = lock_url(&replicas[w % 2], "job:hot");
+        let url = lock_url(&replicas[w % replicas.len()], "job:hot");
         tasks.push(tokio::spawn(async move {
             let c = Client::new();
             let mut grants = Vec::new();

@@ -1,5 +1,6 @@
 //! PostgreSQL goes away while lockstep runs, then comes back: lockstep fails
-//! closed meanwhile (503, the backend never sees a versioned write, no hang),
+//! closed meanwhile (503 at once, not after the pool's 3 s acquire timeout;
+//! the backend never sees a versioned write),
 //! keeps unversioned traffic flowing, and recovers without a restart, with
 //! its data (versions, locks) intact.
 //!
@@ -27,14 +28,12 @@ struct PgCluster {
 }
 
 impl PgCluster {
-    /// `None` (with a loud message) when there is no PostgreSQL to use.
+    /// `None` (with a loud message) when skipping PostgreSQL was asked for.
     fn create() -> Option<PgCluster> {
-        if std::env::var_os("LOCKSTEP_TEST_POSTGRES_URL").is_none() {
-            eprintln!(
-                "SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; PostgreSQL restart test did not run (scripts/test sets it)"
-            );
-            return None;
-        }
+        // The shared server is not used, but where there is none there is
+        // no PostgreSQL to run either: the same rule (fail, or skip loudly
+        // when asked).
+        common::postgres_admin_url("the PostgreSQL restart test")?;
         let bin = find_pg_bin().expect("PostgreSQL binaries under /usr/lib/postgresql/*/bin");
         let as_postgres = is_root();
 
@@ -251,26 +250,31 @@ async fn postgres_restart_fails_closed_then_recovers_without_restart() {
     wait_ready(&c, &lockstep, 503, Duration::from_secs(5)).await;
     eprintln!("readyz turned 503 {:?} after the stop", stopped.elapsed());
 
-    let started = Instant::now();
-    let write = c
-        .patch(lockstep.proxy_url_for("/counters/c1"), json!({"n": 2}))
-        .header("if-match", "\"2\"")
-        .timeout(Duration::from_secs(20))
-        .send()
-        .await;
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(10),
-        "a versioned write took {took:?} with PostgreSQL down"
-    );
-    eprintln!("versioned write with PostgreSQL down answered in {took:?}");
-    assert_eq!(
-        write.status,
-        503,
-        "{write:?}\nlockstep log:\n{}",
-        log_dump(&lockstep)
-    );
-    assert_eq!(write.json()["type"], "unavailable", "{write:?}");
+    // Well under the pool's acquire timeout (3 s), every time: the bound is
+    // loose on purpose (a shared machine), the failure it catches is not.
+    let fast = Duration::from_secs(1);
+    for round in 0..5 {
+        let started = Instant::now();
+        let write = c
+            .patch(lockstep.proxy_url_for("/counters/c1"), json!({"n": 2}))
+            .header("if-match", "\"2\"")
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await;
+        let took = started.elapsed();
+        eprintln!("versioned write {round} with PostgreSQL down answered in {took:?}");
+        assert!(
+            took < fast,
+            "a versioned write took {took:?} with PostgreSQL down"
+        );
+        assert_eq!(
+            write.status,
+            503,
+            "{write:?}\nlockstep log:\n{}",
+            log_dump(&lockstep)
+        );
+        assert_eq!(write.json()["type"], "unavailable", "{write:?}");
+    }
     assert!(
         backend.log_for("/counters/c1").await.is_empty(),
         "the backend saw a versioned write while PostgreSQL was down"
@@ -288,7 +292,7 @@ async fn postgres_restart_fails_closed_then_recovers_without_restart() {
     let took = started.elapsed();
     eprintln!("lock call with PostgreSQL down answered in {took:?}");
     assert!(
-        took < Duration::from_secs(10),
+        took < fast,
         "a lock call took {took:?} with PostgreSQL down"
     );
     assert_eq!(lock2.status, 503, "{lock2:?}");

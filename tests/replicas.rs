@@ -1,6 +1,7 @@
-//! Several lockstep replicas in front of one backend, sharing one database
-//! (a PostgreSQL database, or one SQLite file): the optimistic-concurrency
-//! guarantees must hold across processes, not only inside one.
+//! Several lockstep replicas in front of one backend, sharing one
+//! PostgreSQL database: the optimistic-concurrency guarantees must hold
+//! across processes, not only inside one. (A SQLite file belongs to one
+//! lockstep process; `tests/sqlite_database.rs` checks a second is refused.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -16,7 +17,7 @@ use serde_json::json;
 use tokio::sync::Barrier;
 use versioned_support::counter_clients;
 
-db_tests!(
+replica_tests!(
     no_update_is_lost_with_16_clients_spread_over_three_replicas,
     two_writers_on_two_replicas_reach_the_backend_once,
 );

@@ -3,6 +3,8 @@
 //! must give the same answers, including under concurrency and expiry.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ fn pool() -> PoolSettings {
     PoolSettings {
         max_connections: 16,
         acquire_timeout: Duration::from_secs(10),
+        idle_timeout: store::DEFAULT_IDLE_TIMEOUT,
     }
 }
 
@@ -34,13 +37,10 @@ async fn sqlite() -> Db {
     }
 }
 
-/// A fresh database on the test server, or `None` (with a loud message)
-/// when no server was given.
+/// A fresh database on the test server; `None` (said loudly) only when
+/// skipping PostgreSQL was asked for.
 async fn postgres() -> Option<Db> {
-    let Ok(admin) = std::env::var("LOCKSTEP_TEST_POSTGRES_URL") else {
-        eprintln!("SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; PostgreSQL store tests did not run (scripts/test sets it)");
-        return None;
-    };
+    let admin = common::postgres_admin_url("this PostgreSQL store test")?;
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     let conn = sqlx::PgPool::connect(&admin).await.unwrap();
     sqlx::query(&format!("CREATE DATABASE {name}"))
@@ -77,6 +77,9 @@ contract!(
     unseen_key_is_version_1_and_reads_do_not_create_rows,
     claim_commit_bumps_and_releases,
     abort_keeps_the_version,
+    an_aborted_write_leaves_no_row_where_there_was_none,
+    an_aborted_write_keeps_a_row_that_was_there,
+    an_aborted_write_whose_lease_ran_out_keeps_its_bump,
     stale_claims_fail,
     expired_lease_is_taken_over_with_a_bump,
     unknown_outcome_bumps_and_keeps_the_key_closed,
@@ -121,6 +124,56 @@ async fn abort_keeps_the_version(s: Arc<dyn Store>) {
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (1, Lease::Free));
     assert_eq!(s.claim("k", 1, "l2", LONG).await.unwrap(), Some(1));
+}
+
+async fn an_aborted_write_leaves_no_row_where_there_was_none(s: Arc<dyn Store>) {
+    assert_eq!(s.claim("junk", 1, "l1", LONG).await.unwrap(), Some(1));
+    assert!(
+        s.current("junk").await.unwrap().exists,
+        "the claim made a row"
+    );
+    s.abort("junk", "l1").await.unwrap();
+    let st = s.current("junk").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, false));
+    // The key is as if never written: the next writer creates it afresh.
+    assert_eq!(s.claim("junk", 1, "l2", LONG).await.unwrap(), Some(1));
+    assert_eq!(s.commit("junk", "l2").await.unwrap(), Some(2));
+}
+
+async fn an_aborted_write_keeps_a_row_that_was_there(s: Arc<dyn Store>) {
+    // A created item at version 1 keeps its row.
+    assert_eq!(s.created("made").await.unwrap(), 1);
+    assert_eq!(s.claim("made", 1, "l1", LONG).await.unwrap(), Some(1));
+    s.abort("made", "l1").await.unwrap();
+    let st = s.current("made").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, true));
+    // A key past version 1 too, at its version.
+    s.claim("k", 1, "l2", LONG).await.unwrap();
+    assert_eq!(s.commit("k", "l2").await.unwrap(), Some(2));
+    assert_eq!(s.claim("k", 2, "l3", LONG).await.unwrap(), Some(2));
+    s.abort("k", "l3").await.unwrap();
+    let st = s.current("k").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (2, Lease::Free, true));
+    // Another writer's lease is not ours to remove.
+    assert_eq!(s.claim("other", 1, "theirs", LONG).await.unwrap(), Some(1));
+    s.abort("other", "mine").await.unwrap();
+    let st = s.current("other").await.unwrap();
+    assert!(st.exists && matches!(st.lease, Lease::Held { .. }));
+}
+
+async fn an_aborted_write_whose_lease_ran_out_keeps_its_bump(s: Arc<dyn Store>) {
+    s.claim("late", 1, "slow", Duration::from_millis(60))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(s.current("late").await.unwrap().version, 2, "shown as 2");
+    s.abort("late", "slow").await.unwrap();
+    let st = s.current("late").await.unwrap();
+    assert_eq!(
+        (st.version, st.lease, st.exists),
+        (2, Lease::Free, true),
+        "a version readers were shown never goes back"
+    );
 }
 
 async fn stale_claims_fail(s: Arc<dyn Store>) {
@@ -366,4 +419,77 @@ async fn late_commit_goes_past_the_version_readers_were_shown(s: Arc<dyn Store>)
     assert_eq!(s.commit("k", "slow").await.unwrap(), Some(3));
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (3, Lease::Free));
+}
+
+// ---- SQLite only: the file belongs to one store ----
+
+async fn sqlite_at(dir: &std::path::Path, idle_timeout: Duration) -> Arc<dyn Store> {
+    let url = format!("sqlite://{}", dir.join("store.db").display());
+    let settings = PoolSettings {
+        idle_timeout,
+        ..pool()
+    };
+    store::connect(&url, &settings, Metrics::new().db.clone())
+        .await
+        .unwrap()
+}
+
+/// Waits until SQLite removed the `-shm` file, which it does when the last
+/// connection to the database closes.
+async fn every_connection_closed(shm: &std::path::Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while shm.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} still there: some connection stayed open",
+            shm.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SQLite removes and rebuilds `-shm` when every connection has closed; a
+/// cache keyed on that file could then serve an old version. Reads here
+/// must never show a version older than a write that returned before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_reads_stay_current_when_every_connection_closes_between_fill_and_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sqlite_at(dir.path(), Duration::from_millis(100)).await;
+    let shm = dir.path().join("store.db-shm");
+    s.claim("k", 1, "l0", LONG).await.unwrap();
+    let mut written = s.commit("k", "l0").await.unwrap().unwrap();
+    for round in 0..4 {
+        // Fill, and see the fill served.
+        assert_eq!(s.current("k").await.unwrap().version, written);
+        assert_eq!(s.current("k").await.unwrap().version, written);
+        every_connection_closed(&shm).await;
+        let lease = format!("l{}", round + 1);
+        assert_eq!(
+            s.claim("k", written, &lease, LONG).await.unwrap(),
+            Some(written)
+        );
+        written = s.commit("k", &lease).await.unwrap().unwrap();
+        every_connection_closed(&shm).await;
+        assert_eq!(
+            s.current("k").await.unwrap().version,
+            written,
+            "round {round}: a read after a completed write"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_file_is_refused_to_a_second_store_while_the_first_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = sqlite_at(dir.path(), store::DEFAULT_IDLE_TIMEOUT).await;
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let err = match store::connect(&url, &pool(), Metrics::new().db.clone()).await {
+        Ok(_) => panic!("a second store opened the same SQLite file"),
+        Err(e) => lockstep::error::chain(&e),
+    };
+    assert!(err.contains("another lockstep process"), "{err}");
+    drop(first);
+    // Dropping the store lets go of the file.
+    let again = store::connect(&url, &pool(), Metrics::new().db.clone()).await;
+    assert!(again.is_ok(), "the file stayed locked after the store went");
 }

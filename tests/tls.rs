@@ -288,7 +288,14 @@ async fn an_untrusted_backend_certificate_is_a_502_and_the_write_never_reaches_i
     );
 
     // A lockstep trusting the CA, on the same database, sees no such item
-    // and the version untouched: the refused handshake sent nothing.
+    // and the version untouched: the refused handshake sent nothing. (One
+    // lockstep per SQLite file: the first one goes first.)
+    let mut untrusting = untrusting;
+    untrusting.terminate();
+    assert!(untrusting
+        .wait_exit(std::time::Duration::from_secs(10))
+        .await
+        .success());
     let trusting = Lockstep::builder()
         .upstream(backend.url())
         .database(&db)

@@ -7,12 +7,14 @@
 //! `ON CONFLICT … RETURNING`). The dialect differences (how to read the
 //! database's clock, two row-lock clauses) are a few strings per backend in
 //! `sqlite.rs` and `postgres.rs`, so the two cannot drift apart; what each
-//! engine adds around them (SQLite's group commit, PostgreSQL's
-//! notifications) lives there too. All times are milliseconds from the
+//! engine adds around them (SQLite's group commit, version cache and file
+//! guard; PostgreSQL's notifications and breaker) is wired there too. All times are milliseconds from the
 //! database's clock; no lock or lease decision reads the clock of the
 //! lockstep process.
 
 mod batch;
+mod breaker;
+mod file_guard;
 mod locks;
 pub mod postgres;
 mod sql;
@@ -78,7 +80,11 @@ pub trait VersionStore: Send + Sync {
     /// version and release the lease. `None` when the lease was lost.
     async fn commit(&self, key: &str, lease_id: &str) -> Result<Option<i64>>;
 
-    /// The backend refused the write: release the lease, keep the version.
+    /// The write was refused (by the backend, or before it was sent):
+    /// release the lease, keep the version. A row the claim inserted is
+    /// removed again while nobody can have seen it past version 1, so
+    /// writes to keys that do not exist leave no rows behind; a key that had
+    /// a row keeps it.
     async fn abort(&self, key: &str, lease_id: &str) -> Result<()>;
 
     /// No answer came (timeout, reset): the write may still be running, so
@@ -172,7 +178,12 @@ pub trait Store: VersionStore + LockStore {
 pub struct PoolSettings {
     pub max_connections: u32,
     pub acquire_timeout: Duration,
+    /// How long an unused pooled connection stays open.
+    pub idle_timeout: Duration,
 }
+
+/// [`PoolSettings::idle_timeout`] unless a test asks for less.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Opens the database named by `url`, runs the embedded migrations, and
 /// returns the store, which records its statement timings in `metrics`.

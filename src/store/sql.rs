@@ -16,11 +16,13 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::batch::{self, Arg, Batcher};
+use super::breaker::Breaker;
+use super::file_guard::FileGuard;
 use super::locks::LockSql;
 use super::version_cache::VersionCache;
 use super::versions::VersionSql;
 use super::{Store, Wakeups};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::metrics::{DbMetrics, PoolState};
 
 /// A statement and the operation name its timings are recorded under.
@@ -65,9 +67,17 @@ pub struct SqlStore<DB: Database> {
     pub(super) wakeups: Wakeups,
     pub(super) dialect: Dialect,
     pub(super) metrics: DbMetrics,
-    /// Versions read from a SQLite file, kept while the file is unchanged
+    /// Versions read from SQLite, kept until this process next writes
     /// (`None`: every read asks the database).
     pub(super) version_cache: Option<VersionCache>,
+    /// Readiness: a read and a write that change nothing.
+    ping_read: Stmt,
+    ping_write: Stmt,
+    /// The SQLite file this process owns, held for the store's life.
+    pub(super) file: Option<FileGuard>,
+    /// Fails statements at once while the database is unreachable
+    /// (PostgreSQL; `None`: every statement tries).
+    pub(super) breaker: Option<std::sync::Arc<Breaker>>,
 }
 
 impl<DB: Database> SqlStore<DB> {
@@ -88,7 +98,20 @@ impl<DB: Database> SqlStore<DB> {
             dialect,
             metrics,
             version_cache: None,
+            ping_read: Stmt::new("ping", "SELECT 1 FROM lock_token_floor WHERE id = 1".into()),
+            ping_write: Stmt::new(
+                "ping_write",
+                "UPDATE lock_token_floor SET token = token WHERE id = 1 RETURNING token".into(),
+            ),
+            file: None,
+            breaker: None,
         }
+    }
+
+    /// Fails statements at once while `breaker` is open.
+    pub fn with_breaker(mut self, breaker: std::sync::Arc<Breaker>) -> Self {
+        self.breaker = Some(breaker);
+        self
     }
 
     /// Serves version reads from `cache` while the database is unchanged.
@@ -97,8 +120,30 @@ impl<DB: Database> SqlStore<DB> {
         self
     }
 
+    /// Owns the database file through `guard` for as long as the store lives.
+    pub fn with_file(mut self, guard: FileGuard) -> Self {
+        self.file = Some(guard);
+        self
+    }
+
     pub fn readers(&self) -> &Pool<DB> {
         &self.readers
+    }
+
+    /// Fails every statement once the SQLite file is not the one lockstep
+    /// opened (see `file_guard.rs`).
+    pub(super) fn same_file(&self) -> Result<()> {
+        match &self.file {
+            Some(guard) => guard.check().map_err(|lost| {
+                sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotFound, lost)).into()
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the SQLite file is known to be lost (no `stat`).
+    pub(super) fn file_lost(&self) -> bool {
+        self.file.as_ref().is_some_and(FileGuard::is_lost)
     }
 
     /// Runs `work` and records how long it took under `op`.
@@ -108,8 +153,18 @@ impl<DB: Database> SqlStore<DB> {
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let started = Instant::now();
+        if self.breaker.as_ref().is_some_and(|b| b.is_open()) {
+            self.metrics.observe(op, started.elapsed(), false);
+            return Err(Error::Unavailable(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the database is unreachable; failing at once until it answers again",
+            ))));
+        }
         let result = work.await;
         self.metrics.observe(op, started.elapsed(), result.is_ok());
+        if let (Some(breaker), Err(Error::Unavailable(e))) = (&self.breaker, &result) {
+            breaker.saw(e);
+        }
         result
     }
 }
@@ -129,6 +184,7 @@ where
         stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Option<<DB as Database>::Row>> {
+        self.same_file()?;
         self.timed(stmt.op, async {
             Ok(batch::query::<DB>(&stmt.sql, &args)
                 .fetch_optional(&self.readers)
@@ -143,17 +199,27 @@ where
         stmt: &Stmt,
         args: Vec<Arg>,
     ) -> Result<Vec<<DB as Database>::Row>> {
-        self.timed(stmt.op, async {
-            Ok(match &self.batcher {
-                Some(b) => b.execute(&stmt.sql, args).await?,
-                None => {
-                    batch::query::<DB>(&stmt.sql, &args)
-                        .fetch_all(&self.writer)
-                        .await?
-                }
+        self.same_file()?;
+        let rows = self
+            .timed(stmt.op, async {
+                Ok(match &self.batcher {
+                    Some(b) => b.execute(&stmt.sql, args).await?,
+                    None => {
+                        batch::query::<DB>(&stmt.sql, &args)
+                            .fetch_all(&self.writer)
+                            .await?
+                    }
+                })
             })
-        })
-        .await
+            .await;
+        // Whatever the outcome (a failed commit may still have landed), no
+        // cached version read before this write is served after it. Every
+        // write empties the cache, lock writes too: simpler than knowing
+        // which statements touch versions, and they are the rarer kind.
+        if let Some(cache) = &self.version_cache {
+            cache.invalidate();
+        }
+        rows
     }
 
     /// A conditional write that returns at most one row.
@@ -178,13 +244,20 @@ where
 {
     async fn ping(&self) -> Result<()> {
         // Reads a migrated table, so "reachable but not migrated" fails too.
-        self.timed("ping", async {
-            sqlx::query("SELECT 1 FROM lock_token_floor WHERE id = 1")
-                .fetch_one(&self.readers)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.read_row(&self.ping_read, Vec::new())
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
+        // And writes, the way every conditional write does (SQLite: through
+        // the group commit and the write lock; PostgreSQL: not a read-only
+        // standby): an UPDATE of the one floor row that changes nothing.
+        if self
+            .write_rows(&self.ping_write, Vec::new())
+            .await?
+            .is_empty()
+        {
+            return Err(sqlx::Error::RowNotFound.into());
+        }
+        Ok(())
     }
 
     fn pools(&self) -> Vec<PoolState> {

@@ -4,10 +4,10 @@
 //! power loss: WAL journal with `synchronous = FULL` fsyncs the log on every
 //! commit. (`NORMAL` would be faster but can lose the last commits on power
 //! loss, and a version that was handed out and then forgotten would be handed
-//! out again: a lost update.) All writes go through one connection; other
-//! processes sharing the file (a second replica in tests) queue on SQLite's
-//! write lock through `busy_timeout`. Version reads go through a cache that
-//! is exact while the file is unchanged (`version_cache.rs`).
+//! out again: a lost update.) All writes go through one connection, and one
+//! lockstep process owns the file (`file_guard.rs`), so version reads go
+//! through a cache that only this process's writes change
+//! (`version_cache.rs`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::Sqlite;
 
 use super::batch::Batcher;
+use super::file_guard::FileGuard;
 use super::sql::{Dialect, SqlStore};
 use super::version_cache::VersionCache;
 use super::PoolSettings;
@@ -50,6 +51,9 @@ pub async fn connect(
         .busy_timeout(Duration::from_secs(5))
         .foreign_keys(true);
     if memory {
+        tracing::warn!(
+            "SQLite database in memory; versions start at 1 and are lost when lockstep exits"
+        );
         // Every connection to `sqlite::memory:` is its own database: keep
         // exactly one, forever, for reads and writes alike.
         let pool = SqlitePoolOptions::new()
@@ -62,7 +66,9 @@ pub async fn connect(
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        return Ok(SqlStore::new(pool.clone(), pool, None, DIALECT, metrics));
+        // Private to this process by nature: the cache needs no lock.
+        return Ok(SqlStore::new(pool.clone(), pool, None, DIALECT, metrics)
+            .with_version_cache(Some(VersionCache::new())));
     }
     // A local file cannot drop a connection the way a network can, so the
     // pool does not ping each connection before handing it out (that ping is
@@ -70,23 +76,40 @@ pub async fn connect(
     // One writer connection (see `SqlStore::writer`), and a few readers:
     // reads run in parallel under WAL, but each pooled connection is a
     // thread of its own, and more of them than cores only adds switching.
+    // A database lockstep creates has no versions: every key starts at 1
+    // again, and a client holding an ETag from a database that was lost may
+    // match. Say so where an operator will see it.
+    let mut guard = FileGuard::acquire(options.get_filename())
+        .map_err(|e| sqlx::Error::Configuration(Box::new(e)))?;
+    let path = guard.path().to_owned();
+    let existed = path.try_exists().unwrap_or(true);
     let writer = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(1)
+        .idle_timeout(settings.idle_timeout)
         .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
-    // The cache relies on the shared -shm file; URL options such as
-    // `vfs=unix-excl` keep the WAL index in private memory instead, and a
-    // leftover -shm file would then never change. Plain URLs only.
-    let cache = (!url.contains('?')).then(|| VersionCache::new(options.get_filename()));
+    guard.pin()?;
+    if !existed {
+        tracing::warn!(
+            path = %path.display(),
+            "created new SQLite database {}; versions start at 1",
+            path.display()
+        );
+    }
     let readers = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(settings.max_connections.clamp(1, MAX_READERS))
+        .idle_timeout(settings.idle_timeout)
         .connect_with(options)
         .await?;
     let batcher = Batcher::spawn(writer.clone(), "BEGIN IMMEDIATE");
-    Ok(SqlStore::new(readers, writer, Some(batcher), DIALECT, metrics).with_version_cache(cache))
+    Ok(
+        SqlStore::new(readers, writer, Some(batcher), DIALECT, metrics)
+            .with_version_cache(Some(VersionCache::new()))
+            .with_file(guard),
+    )
 }

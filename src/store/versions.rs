@@ -22,6 +22,7 @@ pub struct VersionSql {
     claim_new: Stmt,
     claim_existing: Stmt,
     commit: Stmt,
+    abort_inserted: Stmt,
     abort: Stmt,
     bump_and_hold: Stmt,
     created: Stmt,
@@ -38,11 +39,13 @@ impl VersionSql {
             ),
             // A key without a row is at version 1; only a writer expecting 1
             // may create it (the caller checks), and a racing insert loses.
+            // The row is marked as inserted by this lease, so that a write
+            // that never happened takes it away again (`abort_inserted`).
             claim_new: Stmt::new(
                 "version_claim_new",
                 format!(
-                    "INSERT INTO versions (key, version, updated_at, lease_id, lease_until) \
-                     VALUES ($1, 1, {now}, $2, {now} + $3) \
+                    "INSERT INTO versions (key, version, updated_at, lease_id, lease_until, lease_inserted) \
+                     VALUES ($1, 1, {now}, $2, {now} + $3, 1) \
                      ON CONFLICT (key) DO NOTHING RETURNING version"
                 ),
             ),
@@ -54,7 +57,7 @@ impl VersionSql {
                     "UPDATE versions SET \
                        version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
                        updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
-                       lease_id = $2, lease_until = {now} + $3 \
+                       lease_id = $2, lease_until = {now} + $3, lease_inserted = 0 \
                      WHERE key = $1 \
                        AND (lease_id IS NULL OR lease_until <= {now}) \
                        AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4 \
@@ -70,8 +73,21 @@ impl VersionSql {
                 format!(
                     "UPDATE versions SET \
                        version = version + 1 + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
-                       updated_at = {now}, lease_id = NULL, lease_until = NULL \
+                       updated_at = {now}, lease_id = NULL, lease_until = NULL, lease_inserted = 0 \
                      WHERE key = $1 AND lease_id = $2 RETURNING version"
+                ),
+            ),
+            // The key had no row before this lease's claim, and no reader has
+            // been shown anything but 1 (the lease is live): remove the row,
+            // so writes that never happened leave nothing behind. A lease
+            // that ran out was shown as version 2 and keeps its row (`abort`).
+            abort_inserted: Stmt::new(
+                "version_abort_inserted",
+                format!(
+                    "DELETE FROM versions \
+                     WHERE key = $1 AND lease_id = $2 AND lease_inserted = 1 \
+                       AND version = 1 AND lease_until > {now} \
+                     RETURNING key"
                 ),
             ),
             // Release without bump, unless the lease already ran out (readers
@@ -82,14 +98,14 @@ impl VersionSql {
                     "UPDATE versions SET \
                        version = version + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
                        updated_at = CASE WHEN lease_until <= {now} THEN {now} ELSE updated_at END, \
-                       lease_id = NULL, lease_until = NULL \
+                       lease_id = NULL, lease_until = NULL, lease_inserted = 0 \
                      WHERE key = $1 AND lease_id = $2"
                 ),
             ),
             bump_and_hold: Stmt::new(
                 "version_bump_and_hold",
                 format!(
-                    "UPDATE versions SET version = version + 1, updated_at = {now} \
+                    "UPDATE versions SET version = version + 1, updated_at = {now}, lease_inserted = 0 \
                      WHERE key = $1 AND lease_id = $2 RETURNING version"
                 ),
             ),
@@ -104,7 +120,7 @@ impl VersionSql {
                        version = CASE WHEN versions.version = 1 AND versions.lease_id IS NULL THEN 1 \
                          ELSE versions.version + 1 \
                            + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END) END, \
-                       updated_at = {now}, \
+                       updated_at = {now}, lease_inserted = 0, \
                        lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
                        lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \
                      RETURNING version"
@@ -127,14 +143,19 @@ where
     usize: ColumnIndex<<DB as Database>::Row>,
 {
     async fn current(&self, key: &str) -> Result<VersionState> {
-        let tag = match self.version_cache.as_ref().map(|c| c.lookup(key)) {
+        if self.file_lost() {
+            // Not even from memory: a read must not carry a version of a
+            // database that is gone.
+            self.same_file()?;
+        }
+        let ticket = match self.version_cache.as_ref().map(|c| c.lookup(key)) {
             Some(Lookup::Hit(state)) => return Ok(state),
-            Some(Lookup::Miss(tag)) => tag,
+            Some(Lookup::Miss(ticket)) => Some(ticket),
             None => None,
         };
         let state = self.read_current(key).await?;
-        if let (Some(cache), Some(tag)) = (&self.version_cache, tag) {
-            cache.fill(key, tag, state);
+        if let (Some(cache), Some(ticket)) = (&self.version_cache, ticket) {
+            cache.fill(key, ticket, state);
         }
         Ok(state)
     }
@@ -175,8 +196,17 @@ where
     }
 
     async fn abort(&self, key: &str, lease_id: &str) -> Result<()> {
-        self.write_rows(&self.versions.abort, vec![A::text(key), A::text(lease_id)])
+        // Two conditional statements, each complete on its own: the first
+        // removes a row this lease inserted; when it matched nothing (the
+        // row existed before, or the lease ran out), the second releases.
+        // Between them the row is still ours or gone, never someone else's.
+        let args = || vec![A::text(key), A::text(lease_id)];
+        let removed = self
+            .write_rows(&self.versions.abort_inserted, args())
             .await?;
+        if removed.is_empty() {
+            self.write_rows(&self.versions.abort, args()).await?;
+        }
         self.wakeups.notify(Topic::Version, key);
         Ok(())
     }

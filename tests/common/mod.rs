@@ -347,6 +347,29 @@ pub fn default_database(dir: &Path) -> String {
     format!("{base}/{name}")
 }
 
+/// The PostgreSQL server the tests create their databases on
+/// (`LOCKSTEP_TEST_POSTGRES_URL`, which scripts/test sets). Without one a
+/// test that needs it fails, unless `LOCKSTEP_TEST_SKIP_POSTGRES=1` asks to
+/// skip: then this says so loudly, naming `what` did not run, and returns
+/// `None`.
+pub fn postgres_admin_url(what: &str) -> Option<String> {
+    if let Ok(url) = std::env::var("LOCKSTEP_TEST_POSTGRES_URL") {
+        if !url.is_empty() {
+            return Some(url);
+        }
+    }
+    if std::env::var("LOCKSTEP_TEST_SKIP_POSTGRES").as_deref() == Ok("1") {
+        eprintln!(
+            "SKIPPED: LOCKSTEP_TEST_SKIP_POSTGRES=1 and no LOCKSTEP_TEST_POSTGRES_URL; {what} did NOT run"
+        );
+        return None;
+    }
+    panic!(
+        "{what} needs PostgreSQL: set LOCKSTEP_TEST_POSTGRES_URL (scripts/test starts a \
+         throwaway server), or LOCKSTEP_TEST_SKIP_POSTGRES=1 to skip it"
+    );
+}
+
 /// `sqlite://<dir>/lockstep.db`, for a database that outlives one process
 /// (restart tests keep the `TempDir` and pass this to
 /// [`LockstepBuilder::database`]).

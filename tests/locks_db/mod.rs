@@ -3,8 +3,9 @@
 //! `async fn name(db: DbKind)` and [`db_tests!`] turns it into two
 //! `#[tokio::test]`s, one on a fresh SQLite file and one on a fresh
 //! PostgreSQL database (created on the server named by
-//! `LOCKSTEP_TEST_POSTGRES_URL`; skipped loudly when that is unset).
-#![allow(dead_code)]
+//! `LOCKSTEP_TEST_POSTGRES_URL`; without one the test fails, unless
+//! `LOCKSTEP_TEST_SKIP_POSTGRES=1`, where it skips loudly).
+#![allow(dead_code, unused_macros)]
 
 use std::str::FromStr;
 
@@ -111,18 +112,10 @@ impl Db {
     }
 }
 
-/// The PostgreSQL server URL, or `None` with a loud message.
+/// The PostgreSQL server URL; `None` (said loudly) only when skipping was
+/// asked for with `LOCKSTEP_TEST_SKIP_POSTGRES=1`, a failure otherwise.
 pub fn postgres_admin_url() -> Option<String> {
-    match std::env::var("LOCKSTEP_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!(
-                "SKIPPED: LOCKSTEP_TEST_POSTGRES_URL is not set; the PostgreSQL variant of this \
-                 lock test did not run (scripts/test sets it)"
-            );
-            None
-        }
-    }
+    crate::common::postgres_admin_url("the PostgreSQL variant of this test")
 }
 
 /// `db_tests!(a, b)` makes `sqlite::a`, `postgres::a`, `sqlite::b`, … from
@@ -138,6 +131,24 @@ macro_rules! db_tests {
             )*
         }
         mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if $crate::locks_db::postgres_admin_url().is_some() {
+                        super::$name($crate::locks_db::DbKind::Postgres).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// `replica_tests!(a)` makes only `postgres_replicas::a`, for tests that
+/// need several lockstep processes on one database: a SQLite file belongs
+/// to one process (a second one is refused at start).
+macro_rules! replica_tests {
+    ($($name:ident),* $(,)?) => {
+        mod postgres_replicas {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
