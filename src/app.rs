@@ -157,6 +157,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         idle_timeout: ms(c.server.idle_timeout_ms),
         max_connections: c.server.max_connections,
         drain_timeout: ms(c.server.drain_timeout_ms),
+        half_close: true,
     };
     let stop = CancellationToken::new();
     let worker_count = match c.server.workers {
@@ -179,6 +180,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             .as_ref()
             .map(ReloadingCert::server_config)
             .transpose()?,
+        half_close: false,
         ..conn.clone()
     };
     let admin = tokio::spawn(server::serve(

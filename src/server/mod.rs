@@ -37,6 +37,12 @@ pub struct ConnSettings {
     pub idle_timeout: Duration,
     pub max_connections: usize,
     pub drain_timeout: Duration,
+    /// Whether an HTTP/1.1 client may half-close after its request and
+    /// still get the answer (RFC 9112 §9.6). The price is that a client
+    /// that leaves mid-request is noticed only when the answer is written,
+    /// so the admin listener, where a lock acquire may wait for a client
+    /// that is gone, keeps it off.
+    pub half_close: bool,
 }
 
 /// Something that answers requests: the proxy router or the admin router.
@@ -68,7 +74,7 @@ pub async fn serve<H: Handler>(
         // A client may close its sending side once its request is out
         // (RFC 9112 §9.6) and still expects the answer; without this,
         // hyper takes the FIN for a client gone and drops the request.
-        .half_close(true);
+        .half_close(settings.half_close);
     builder
         .http2()
         .timer(TokioTimer::new())
