@@ -441,16 +441,17 @@ proptest! {
         }
     }
 
-    /// The fuzz target's harness: arbitrary bytes never panic, and whatever
-    /// is stamped stays valid and keeps the rest of the bytes.
+    /// The fuzz target's harness: arbitrary bytes never panic, chunking
+    /// changes nothing, and whatever is stamped or cut stays valid.
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200), cuts in prop::collection::vec(any::<usize>(), 0..3)) {
         fuzz_one(&bytes, &cuts);
     }
 }
 
-/// Shared with `fuzz/fuzz_targets/splice.rs` in spirit: everything a
-/// scan can be asked, on any input.
+/// The checks of the fuzz target `fuzz/fuzz_targets/splice.rs`, run here on
+/// bounded random input so that CI exercises them without a nightly
+/// toolchain.
 pub(super) fn fuzz_one(bytes: &[u8], cuts: &[usize]) {
     let chunks = chunked(bytes, cuts);
     let whole = [Bytes::copy_from_slice(bytes)];
