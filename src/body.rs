@@ -98,7 +98,7 @@ pub async fn collect_up_to(mut body: Body, limit: u64) -> Result<Collected, BoxE
         });
     }
     let mut pieces = Vec::new();
-    let mut small = BytesMut::new();
+    let mut small = Small::default();
     let mut total: u64 = 0;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
@@ -106,33 +106,57 @@ pub async fn collect_up_to(mut body: Body, limit: u64) -> Result<Collected, BoxE
         };
         total += data.len() as u64;
         if data.len() >= BLOCK {
-            if !small.is_empty() {
-                pieces.push(std::mem::take(&mut small).freeze());
-            }
+            small.flush_into(&mut pieces);
             pieces.push(data);
         } else {
-            if small.is_empty() {
-                small.reserve(BLOCK);
-            }
-            small.extend_from_slice(&data);
-            if small.len() >= BLOCK {
-                pieces.push(std::mem::take(&mut small).freeze());
-            }
+            small.add(data, &mut pieces);
         }
         if total > limit {
-            if !small.is_empty() {
-                pieces.push(small.freeze());
-            }
+            small.flush_into(&mut pieces);
             return Ok(Collected::TooLarge {
                 prefix: pieces,
                 rest: body,
             });
         }
     }
-    if !small.is_empty() {
-        pieces.push(small.freeze());
-    }
+    small.flush_into(&mut pieces);
     Ok(Collected::Complete(pieces))
+}
+
+/// Small frames on their way into a block. A lone small frame (a small
+/// body, the common case) is kept as it is, without a copy.
+#[derive(Default)]
+struct Small {
+    one: Option<Bytes>,
+    block: BytesMut,
+}
+
+impl Small {
+    fn add(&mut self, data: Bytes, pieces: &mut Vec<Bytes>) {
+        if self.block.is_empty() && self.one.is_none() {
+            self.one = Some(data);
+            return;
+        }
+        if self.block.is_empty() {
+            self.block.reserve(BLOCK);
+        }
+        if let Some(one) = self.one.take() {
+            self.block.extend_from_slice(&one);
+        }
+        self.block.extend_from_slice(&data);
+        if self.block.len() >= BLOCK {
+            pieces.push(std::mem::take(&mut self.block).freeze());
+        }
+    }
+
+    fn flush_into(&mut self, pieces: &mut Vec<Bytes>) {
+        if let Some(one) = self.one.take() {
+            pieces.push(one);
+        }
+        if !self.block.is_empty() {
+            pieces.push(std::mem::take(&mut self.block).freeze());
+        }
+    }
 }
 
 /// A body made of `pieces`, sent one after another (exact size hint).
@@ -304,6 +328,35 @@ mod tests {
         match buffer_up_to(full("hello"), 5).await.unwrap() {
             Buffered::Complete(b) => assert_eq!(&b[..], b"hello"),
             Buffered::TooLarge { .. } => panic!("within the limit"),
+        }
+    }
+
+    #[tokio::test]
+    async fn collected_pieces_keep_the_bytes_in_order() {
+        let frames: Vec<Bytes> = (0..5000)
+            .map(|i| Bytes::from(format!("{i},")))
+            .chain([Bytes::from(vec![b'x'; BLOCK])])
+            .collect();
+        let want = frames.concat();
+        let body = pieces(frames);
+        match collect_up_to(body, 1 << 20).await.unwrap() {
+            Collected::Complete(pieces) => {
+                // Tiny frames are gathered into blocks, not kept one by one.
+                assert!(pieces.len() < 10, "{} pieces", pieces.len());
+                assert_eq!(pieces.concat(), want);
+            }
+            Collected::TooLarge { .. } => panic!("within the limit"),
+        }
+        match collect_up_to(full("hello world"), 5).await.unwrap() {
+            Collected::Complete(_) => panic!("over the limit"),
+            Collected::TooLarge { prefix, rest } => {
+                let all = chain_pieces(prefix, rest)
+                    .collect()
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                assert_eq!(&all[..], b"hello world");
+            }
         }
     }
 
