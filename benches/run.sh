@@ -123,11 +123,28 @@ EOF
     } >"$dir/nginx.conf"
 }
 
+# Large JSON objects for the rows that stamp big bodies: /b64k/1 (64 KiB)
+# and /b1m/1 (1 MiB, just under lockstep's default max_body_bytes).
+mkdir -p "$TMP/www/b64k" "$TMP/www/b1m"
+python3 - "$TMP/www" <<'PY'
+import sys
+for name, size in (("b64k", 64 * 1024), ("b1m", 1024 * 1024 - 64)):
+    rows, n = [], 0
+    head, tail = '{"id":"1","title":"hello","rows":[', '{}]}'
+    while len(head) + len(tail) + sum(map(len, rows)) < size - 120:
+        rows.append('{"n":%d,"price":%d.%02d,"big":184467440737095516%02d,"name":"item %d"},' % (n, n % 997, n % 100, n % 100, n))
+        n += 1
+    with open(f"{sys.argv[1]}/{name}/1", "w") as f:
+        f.write(head + "".join(rows) + tail)
+PY
+
 nginx_conf nginx-backend <<EOF
     server {
         listen 127.0.0.1:$P_BACKEND;
         default_type application/json;
         location / { return 200 '{"id":"1","title":"hello"}'; }
+        location /b64k/ { root $TMP/www; }
+        location /b1m/ { root $TMP/www; }
     }
 EOF
 
@@ -164,6 +181,12 @@ level = "warn"
 
 [[resources]]
 pattern = "/articles/{id}"
+
+[[resources]]
+pattern = "/b64k/{id}"
+
+[[resources]]
+pattern = "/b1m/{id}"
 EOF
 
 for name in nginx-backend nginx-proxy; do
@@ -217,6 +240,15 @@ check_get versioned "http://127.0.0.1:$P_LOCKSTEP/articles/1"
 [[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /articles/1 carries ETag ${CHECK_ETAG}, expected \"1\""
 [[ $CHECK_BODY == *'"version":1'* ]] || die "versioned GET /articles/1 body has no version: $CHECK_BODY"
 note "Sanity: \`GET /plain/1\` through lockstep has no ETag; \`GET /articles/1\` has \`ETag: \"1\"\` and body \`$CHECK_BODY\`."
+# The large bodies must come back byte for byte, plus the version member.
+for big in b64k b1m; do
+    check_get "nginx-proxy-$big" "http://127.0.0.1:$P_PROXY/$big/1"
+    check_get "versioned-$big" "http://127.0.0.1:$P_LOCKSTEP/$big/1"
+    [[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /$big/1 carries ETag ${CHECK_ETAG}, expected \"1\""
+    want=$(<"$TMP/www/$big/1")
+    want="${want%\}},\"version\":1}"
+    [[ $CHECK_BODY == "$want" ]] || die "versioned GET /$big/1 is not the backend's bytes with \"version\":1 appended"
+done
 
 check_lock_api
 
@@ -342,13 +374,17 @@ for ((round = 1; round <= ROUNDS; round++)); do
     measure_http nginx "$round" "http://127.0.0.1:$P_PROXY/articles/1" "$PROXY_GROUP"
     measure_http passthrough "$round" "http://127.0.0.1:$P_LOCKSTEP/plain/1" "$LOCKSTEP_PID"
     measure_http versioned "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID"
+    measure_http nginx64k "$round" "http://127.0.0.1:$P_PROXY/b64k/1" "$PROXY_GROUP"
+    measure_http versioned64k "$round" "http://127.0.0.1:$P_LOCKSTEP/b64k/1" "$LOCKSTEP_PID"
+    measure_http nginx1m "$round" "http://127.0.0.1:$P_PROXY/b1m/1" "$PROXY_GROUP"
+    measure_http versioned1m "$round" "http://127.0.0.1:$P_LOCKSTEP/b1m/1" "$LOCKSTEP_PID"
     measure_locks "$round"
     measure_sqlite "$round"
 done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned locks sqlite; do
+for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m locks sqlite; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
@@ -365,7 +401,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned locks sqlite; do
+    for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m locks sqlite; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -432,6 +468,8 @@ else
 fi
 R_PT=$(ratio "${RPS[passthrough]}" "${RPS[nginx]}")
 R_VG=$(ratio "${RPS[versioned]}" "${RPS[nginx]}")
+R_VG64=$(ratio "${RPS[versioned64k]}" "${RPS[nginx64k]}")
+R_VG1M=$(ratio "${RPS[versioned1m]}" "${RPS[nginx1m]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
 R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
 R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
@@ -444,7 +482,7 @@ bundled=$(grep -h -m1 '#define SQLITE_VERSION ' "${CARGO_HOME:-$HOME/.cargo}"/re
 if ((ROUNDS == 1)); then
     rounds_text="one round"
 else
-    rounds_text="$ROUNDS rounds of rows 1–6; each row shows its median round by throughput, failures summed over all rounds"
+    rounds_text="$ROUNDS rounds of the HTTP rows and rows 5–6; each row shows its median round by throughput, failures summed over all rounds"
 fi
 
 http_line() { # http_line N LABEL REQUEST ROW
@@ -474,6 +512,23 @@ mkdir -p "$(dirname "$OUT")"
     echo "|---|---:|---:|---|"
     echo "| lockstep passthrough / nginx proxy (3 / 2) | $R_PT | ≥ 0.9 | $(verdict "$R_PT" 0.9) |"
     echo "| lockstep versioned GET / nginx proxy (4 / 2) | $R_VG | ≥ 0.5 | $(verdict "$R_VG" 0.5) |"
+    echo
+    echo "### Large JSON bodies"
+    echo
+    echo "The same load on one JSON object of 64 KiB and of 1 MiB (just under \`max_body_bytes\`):" \
+        "lockstep validates the whole body and appends \`\"version\":1\`, byte-exact."
+    echo
+    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    http_line 2a "nginx reverse proxy → backend, 64 KiB" "GET /b64k/1" nginx64k
+    http_line 4a "lockstep versioned GET → backend, 64 KiB" "GET /b64k/1" versioned64k
+    http_line 2b "nginx reverse proxy → backend, 1 MiB" "GET /b1m/1" nginx1m
+    http_line 4b "lockstep versioned GET → backend, 1 MiB" "GET /b1m/1" versioned1m
+    echo
+    echo "| ratio (req/s) | value |"
+    echo "|---|---:|"
+    echo "| versioned GET / nginx proxy, 64 KiB (4a / 2a) | $R_VG64 |"
+    echo "| versioned GET / nginx proxy, 1 MiB (4b / 2b) | $R_VG1M |"
     echo
     echo "## Locks: acquire + release pairs"
     echo

@@ -81,6 +81,11 @@
 //! * `GET /_backend/store`: the whole store as a JSON object, path → value.
 //! * `GET /_backend/connections`: `{"open": n}`, the client connections open
 //!   now, not counting the one asking.
+//! * `PUT /_backend/raw/{path}`: from now on `GET`/`HEAD /{path}` answer 200
+//!   with exactly these body bytes and this request's `Content-Type`
+//!   (default `application/json`), whatever the store holds. Such a body is
+//!   compressed when the request's `Accept-Encoding` lists `gzip`, `br` or
+//!   `zstd` (the first of them listed wins; `Vary: Accept-Encoding` is set).
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -93,7 +98,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
+use http::header::{
+    ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION, VARY,
+};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
@@ -487,6 +494,8 @@ struct State {
     next_ids: HashMap<String, u64>,
     /// Every request received, oldest first.
     log: Vec<Value>,
+    /// Path → exact bytes to serve, with their Content-Type.
+    raw: HashMap<String, (HeaderValue, Bytes)>,
 }
 
 impl State {
@@ -520,6 +529,26 @@ async fn handle(
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
 
+    if let Some(target) = path.strip_prefix("/_backend/raw") {
+        let Ok(body) = body.collect().await.map(|c| c.to_bytes()) else {
+            return Err(ResetConnection);
+        };
+        if parts.method != Method::PUT {
+            return Ok(method_not_allowed());
+        }
+        let content_type = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("application/json"));
+        shared
+            .lock()
+            .raw
+            .insert(target.to_owned(), (content_type, body));
+        let mut resp = Response::new(empty());
+        *resp.status_mut() = StatusCode::NO_CONTENT;
+        return Ok(resp);
+    }
     if path.starts_with("/_backend/") {
         return Ok(introspect(&shared, &parts.method, &path));
     }
@@ -650,6 +679,12 @@ fn route(shared: &Shared, parts: &Parts, body: &Bytes) -> Response<RespBody> {
 
     let mut state = shared.lock();
     match *method {
+        Method::GET | Method::HEAD if state.raw.contains_key(trimmed) => {
+            match state.raw.get(trimmed) {
+                Some((content_type, bytes)) => raw_response(&parts.headers, content_type, bytes),
+                None => not_found(),
+            }
+        }
         Method::GET | Method::HEAD => {
             if !state.store.contains_key(trimmed) && segments[0].starts_with("auto") {
                 if let Some(id) = segments.last() {
@@ -968,6 +1003,58 @@ fn json_response(status: StatusCode, value: &Value) -> Response<RespBody> {
     let headers = resp.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    resp
+}
+
+/// Seeded bytes, compressed as the client's `Accept-Encoding` asks.
+fn raw_response(
+    request: &HeaderMap,
+    content_type: &HeaderValue,
+    bytes: &Bytes,
+) -> Response<RespBody> {
+    let accepted = request
+        .get_all(ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter(|t| !t.replace(' ', "").ends_with(";q=0"))
+        .map(|t| {
+            t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .find(|t| matches!(t.as_str(), "gzip" | "br" | "zstd"));
+    let (body, coding) = match accepted.as_deref() {
+        Some("gzip") => {
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let _ = enc.write_all(bytes);
+            (enc.finish().unwrap_or_default(), Some("gzip"))
+        }
+        Some("br") => {
+            let mut out = Vec::new();
+            {
+                let mut enc = brotli::CompressorWriter::new(&mut out, 4096, 9, 22);
+                let _ = enc.write_all(bytes);
+            }
+            (out, Some("br"))
+        }
+        Some("zstd") => (
+            zstd::encode_all(&bytes[..], 3).unwrap_or_default(),
+            Some("zstd"),
+        ),
+        _ => (bytes.to_vec(), None),
+    };
+    let len = body.len();
+    let mut resp = Response::new(full(Bytes::from(body)));
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, content_type.clone());
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    headers.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
+    if let Some(coding) = coding {
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding));
+    }
     resp
 }
 

@@ -74,6 +74,182 @@ pub async fn buffer_up_to(mut body: Body, limit: u64) -> Result<Buffered, BoxErr
     Ok(Buffered::Complete(buf.freeze()))
 }
 
+/// What [`collect_up_to`] found: the body in the pieces it arrived in.
+pub enum Collected {
+    /// The whole body, within the limit.
+    Complete(Vec<Bytes>),
+    /// Over the limit: what was read, and the rest, to stream on unchanged.
+    TooLarge { prefix: Vec<Bytes>, rest: Body },
+}
+
+/// Frames at least this large are kept as they arrived; smaller ones are
+/// gathered into blocks of about this size, so a body sent in tiny chunks
+/// does not cost a `Bytes` handle per byte.
+const BLOCK: usize = 16 * 1024;
+
+/// Like [`buffer_up_to`], but keeps the frames instead of copying them into
+/// one buffer: memory is the body plus less than one block, never a second
+/// copy or a doubling buffer.
+pub async fn collect_up_to(mut body: Body, limit: u64) -> Result<Collected, BoxError> {
+    if body.size_hint().lower() > limit {
+        return Ok(Collected::TooLarge {
+            prefix: Vec::new(),
+            rest: body,
+        });
+    }
+    let mut pieces = Vec::new();
+    let mut small = Small::default();
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        total += data.len() as u64;
+        if data.len() >= BLOCK {
+            small.flush_into(&mut pieces);
+            pieces.push(data);
+        } else {
+            small.add(data, &mut pieces);
+        }
+        if total > limit {
+            small.flush_into(&mut pieces);
+            return Ok(Collected::TooLarge {
+                prefix: pieces,
+                rest: body,
+            });
+        }
+    }
+    small.flush_into(&mut pieces);
+    Ok(Collected::Complete(pieces))
+}
+
+/// Small frames on their way into a block. A lone small frame (a small
+/// body, the common case) is kept as it is, without a copy.
+#[derive(Default)]
+struct Small {
+    one: Option<Bytes>,
+    block: BytesMut,
+}
+
+impl Small {
+    fn add(&mut self, data: Bytes, pieces: &mut Vec<Bytes>) {
+        if self.block.is_empty() && self.one.is_none() {
+            self.one = Some(data);
+            return;
+        }
+        if self.block.is_empty() {
+            self.block.reserve(BLOCK);
+        }
+        if let Some(one) = self.one.take() {
+            self.block.extend_from_slice(&one);
+        }
+        self.block.extend_from_slice(&data);
+        if self.block.len() >= BLOCK {
+            pieces.push(std::mem::take(&mut self.block).freeze());
+        }
+    }
+
+    fn flush_into(&mut self, pieces: &mut Vec<Bytes>) {
+        if let Some(one) = self.one.take() {
+            pieces.push(one);
+        }
+        if !self.block.is_empty() {
+            pieces.push(std::mem::take(&mut self.block).freeze());
+        }
+    }
+}
+
+/// A body made of `pieces`, sent one after another (exact size hint).
+pub fn pieces(pieces: Vec<Bytes>) -> Body {
+    let remaining = pieces.iter().map(|p| p.len() as u64).sum();
+    Pieces {
+        pieces: pieces.into_iter(),
+        remaining,
+    }
+    .boxed()
+}
+
+/// `prefix` pieces, then everything left in `rest`.
+pub fn chain_pieces(prefix: Vec<Bytes>, rest: Body) -> Body {
+    if prefix.is_empty() {
+        return rest;
+    }
+    let len = prefix.iter().map(|p| p.len() as u64).sum();
+    ChainedPieces {
+        pieces: prefix.into_iter(),
+        len,
+        rest,
+    }
+    .boxed()
+}
+
+struct Pieces {
+    pieces: std::vec::IntoIter<Bytes>,
+    remaining: u64,
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        for piece in self.pieces.by_ref() {
+            if !piece.is_empty() {
+                self.remaining -= piece.len() as u64;
+                return Poll::Ready(Some(Ok(Frame::data(piece))));
+            }
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+struct ChainedPieces {
+    pieces: std::vec::IntoIter<Bytes>,
+    len: u64,
+    rest: Body,
+}
+
+impl http_body::Body for ChainedPieces {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(piece) = self.pieces.next() {
+            self.len -= piece.len() as u64;
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.len == 0 && self.pieces.len() == 0 && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + self.len);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + self.len);
+        }
+        hint
+    }
+}
+
 /// Reads a request body within `limit` bytes and `timeout` (a client that
 /// trickles its body must not hold a connection forever): 413 or 408
 /// beyond them, 400 when the body breaks off.
@@ -152,6 +328,35 @@ mod tests {
         match buffer_up_to(full("hello"), 5).await.unwrap() {
             Buffered::Complete(b) => assert_eq!(&b[..], b"hello"),
             Buffered::TooLarge { .. } => panic!("within the limit"),
+        }
+    }
+
+    #[tokio::test]
+    async fn collected_pieces_keep_the_bytes_in_order() {
+        let frames: Vec<Bytes> = (0..5000)
+            .map(|i| Bytes::from(format!("{i},")))
+            .chain([Bytes::from(vec![b'x'; BLOCK])])
+            .collect();
+        let want = frames.concat();
+        let body = pieces(frames);
+        match collect_up_to(body, 1 << 20).await.unwrap() {
+            Collected::Complete(pieces) => {
+                // Tiny frames are gathered into blocks, not kept one by one.
+                assert!(pieces.len() < 10, "{} pieces", pieces.len());
+                assert_eq!(pieces.concat(), want);
+            }
+            Collected::TooLarge { .. } => panic!("within the limit"),
+        }
+        match collect_up_to(full("hello world"), 5).await.unwrap() {
+            Collected::Complete(_) => panic!("over the limit"),
+            Collected::TooLarge { prefix, rest } => {
+                let all = chain_pieces(prefix, rest)
+                    .collect()
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                assert_eq!(&all[..], b"hello world");
+            }
         }
     }
 

@@ -3,12 +3,12 @@
 //! Why it matters: a write whose body carries the version field but is not
 //! read as JSON would be forwarded with its version unchecked, the one
 //! thing lockstep must never do. So a leading UTF-8 byte order mark is
-//! looked past (and kept: the body is forwarded as the client sent it,
-//! less the version member), a body without `Content-Type` that starts
+//! looked past (the splicer keeps it: the body is forwarded as the client
+//! sent it, less the version member), a body without `Content-Type` that starts
 //! with `{` is JSON, and a body declared as something else that is in fact
 //! a JSON object naming the version is refused rather than guessed at.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderMap, CONTENT_TYPE};
 
 use super::stamp;
@@ -23,17 +23,6 @@ pub fn split_bom(body: &Bytes) -> (bool, Bytes) {
     } else {
         (false, body.clone())
     }
-}
-
-/// `body` with the byte order mark put back in front when there was one.
-pub fn with_bom(bom: bool, body: Bytes) -> Bytes {
-    if !bom {
-        return body;
-    }
-    let mut out = BytesMut::with_capacity(BOM.len() + body.len());
-    out.extend_from_slice(BOM);
-    out.extend_from_slice(&body);
-    out.freeze()
 }
 
 /// Whether a write's body (its byte order mark already split off) is read
@@ -83,10 +72,8 @@ mod tests {
         let (bom, rest) = split_bom(&body);
         assert!(bom);
         assert_eq!(&rest[..], b"{\"a\":1}");
-        assert_eq!(with_bom(bom, rest), body);
         let plain = Bytes::from_static(b"{}");
         assert_eq!(split_bom(&plain), (false, plain.clone()));
-        assert_eq!(with_bom(false, plain.clone()), plain);
     }
 
     #[test]

@@ -29,9 +29,11 @@
 //! The part from claim to commit runs in its own task, so a client that
 //! hangs up mid-write cannot leave a lease behind.
 
+pub mod coding;
 pub mod detect;
 pub mod method;
 pub mod precondition;
+pub mod splice;
 pub mod stamp;
 
 use std::sync::Arc;
@@ -44,7 +46,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::body::{self, Body, Buffered};
+use crate::body::{self, Body, Collected};
 use crate::error::{Error, Result};
 use crate::metrics::{ConflictReason, RequestKind, UnknownOutcome, VersionMetrics};
 use crate::problem;
@@ -247,9 +249,9 @@ impl Versioning {
             parts.headers.remove(h);
         }
         if stamp_body {
-            // The body is rewritten: ask for it unencoded, and fetch a HEAD
-            // as a GET so its headers are exactly those of the GET.
-            parts.headers.remove(header::ACCEPT_ENCODING);
+            // The body is rewritten: fetch a HEAD as a GET so its headers
+            // are exactly those of the GET. Accept-Encoding goes on: the
+            // backend decides on compression, lockstep redoes it (coding.rs).
             if is_head {
                 parts.method = Method::GET;
             }
@@ -316,12 +318,12 @@ impl Versioning {
             .await
             .map_err(|e| (e, None))?;
         let field = &self.settings.body_field;
-        let (bom, text) = detect::split_bom(&raw);
+        // The splicer looks past a byte order mark itself and keeps it.
+        let (_, text) = detect::split_bom(&raw);
         let json =
             detect::write_body_is_json(&parts.headers, &text, field).map_err(|e| (e, None))?;
         let (forward_body, body_version) =
-            stamp::take_version(&text, json, field).map_err(|e| (e, None))?;
-        let forward_body = detect::with_bom(bom, forward_body);
+            stamp::take_version(&raw, json, field).map_err(|e| (e, None))?;
         let expected = precondition::combine(header_expect, body_version).map_err(|e| (e, None))?;
         if expected == Expected::Unchecked && self.settings.require_precondition {
             self.metrics.conflict(ConflictReason::PreconditionRequired);
@@ -331,11 +333,11 @@ impl Versioning {
             parts.headers.remove(h);
         }
         parts.headers.remove(header::TRANSFER_ENCODING);
-        parts.headers.insert(
-            header::CONTENT_LENGTH,
-            HeaderValue::from(forward_body.len()),
-        );
-        let mut fwd = Request::from_parts(parts, body::full(forward_body));
+        let forward_len: usize = forward_body.iter().map(Bytes::len).sum();
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(forward_len));
+        let mut fwd = Request::from_parts(parts, body::pieces(forward_body));
         self.upstream.prepare(&mut fwd, pq, inbound);
 
         // claim → forward → commit/abort → stamp, in a task of its own so a
@@ -553,8 +555,8 @@ impl Versioning {
             Err(e) => return (location_key, Err((e, None))),
         };
         let key = location_key.or_else(|| match &buffered {
-            Buffered::Complete(bytes) if stamp::is_json(&parts.headers) => {
-                id_of(&detect::split_bom(bytes).1)
+            Collected::Complete(pieces) if stamp::is_json(&parts.headers) => {
+                id_of(&detect::split_bom(&splice::concat(pieces)).1)
                     .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id))))
             }
             _ => None,
@@ -592,7 +594,7 @@ impl Versioning {
                 );
             }
         };
-        let resp = self.stamp_parts(parts, buffered, version, false);
+        let resp = self.stamp_parts(parts, buffered, version, false).await;
         (
             Some(key),
             Ok((
@@ -626,7 +628,7 @@ impl Versioning {
         let (parts, incoming) = resp.into_parts();
         let wants_body = !self.settings.body_field.is_empty()
             && stamp::is_json(&parts.headers)
-            && !stamp::is_encoded(&parts.headers)
+            && coding::of(&parts.headers).is_ok()
             && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED);
         if !wants_body {
             let mut resp = Response::from_parts(parts, body::boxed(incoming));
@@ -636,55 +638,87 @@ impl Versioning {
             }
             return Ok(resp);
         }
-        let buffered = self.buffer_response(incoming).await?;
-        Ok(self.stamp_parts(parts, buffered, version, head))
+        let collected = self.buffer_response(incoming).await?;
+        Ok(self.stamp_parts(parts, collected, version, head).await)
     }
 
-    fn stamp_parts(
+    async fn stamp_parts(
         &self,
         mut parts: http::response::Parts,
-        buffered: Buffered,
+        collected: Collected,
         version: i64,
         head: bool,
     ) -> Response<Body> {
         set_etag(&mut parts.headers, version);
-        let body = match buffered {
-            Buffered::Complete(bytes) => {
-                let bytes = if stamp::is_json(&parts.headers) && !stamp::is_encoded(&parts.headers)
-                {
-                    let (bom, text) = detect::split_bom(&bytes);
-                    stamp::stamp_version(&text, &self.settings.body_field, version)
-                        .map_or(bytes, |stamped| detect::with_bom(bom, stamped))
-                } else {
-                    bytes
+        let body = match collected {
+            Collected::Complete(pieces) => {
+                let coding = coding::of(&parts.headers);
+                let stamped = match coding {
+                    Ok(coding) if stamp::is_json(&parts.headers) => {
+                        self.rewrite(coding, pieces.clone(), version).await
+                    }
+                    _ => None,
                 };
+                if let Ok(Some(_)) = coding {
+                    // The coding followed the request's Accept-Encoding.
+                    coding::vary_on_accept_encoding(&mut parts.headers);
+                }
+                let out = stamped.unwrap_or(pieces);
+                let len: usize = out.iter().map(Bytes::len).sum();
                 parts.headers.remove(header::TRANSFER_ENCODING);
                 parts
                     .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
                 if head {
                     body::empty()
                 } else {
-                    body::full(bytes)
+                    body::pieces(out)
                 }
             }
             // Too large to rewrite: ETag only, the body streams on.
-            Buffered::TooLarge { prefix, rest } => {
+            Collected::TooLarge { prefix, rest } => {
                 if head {
                     body::empty()
                 } else {
-                    body::chain(prefix, rest)
+                    body::chain_pieces(prefix, rest)
                 }
             }
         };
         Response::from_parts(parts, body)
     }
 
-    async fn buffer_response(&self, incoming: PooledBody) -> Result<Buffered> {
+    /// The stamped body (encoded again with `coding`), or `None` to send the
+    /// backend's bytes unchanged: not a JSON object, not valid JSON, not
+    /// decodable, or larger than `max_body_bytes` once decoded. Large or
+    /// compressed bodies are handled off the async workers.
+    async fn rewrite(
+        &self,
+        coding: Option<coding::Coding>,
+        pieces: Vec<Bytes>,
+        version: i64,
+    ) -> Option<Vec<Bytes>> {
+        let settings = Arc::clone(&self.settings);
+        let len = pieces_len(&pieces);
+        let work = move || {
+            let field = &settings.body_field;
+            let Some(coding) = coding else {
+                return stamp::stamp_version(&pieces, field, version);
+            };
+            let plain = coding::decode(coding, &pieces, settings.max_body_bytes).ok()??;
+            let stamped = stamp::stamp_version(&plain, field, version)?;
+            coding::encode(coding, &stamped).ok()
+        };
+        if coding.is_none() && len <= INLINE_STAMP_BYTES {
+            return work();
+        }
+        tokio::task::spawn_blocking(work).await.ok().flatten()
+    }
+
+    async fn buffer_response(&self, incoming: PooledBody) -> Result<Collected> {
         let limit = self.settings.max_body_bytes;
         match tokio::time::timeout(
             self.upstream.request_timeout(),
-            body::buffer_up_to(body::boxed(incoming), limit),
+            body::collect_up_to(body::boxed(incoming), limit),
         )
         .await
         {
@@ -775,12 +809,21 @@ fn not_modified(resp: Response<PooledBody>, version: i64) -> Response<Body> {
     out
 }
 
-fn rebuild(buffered: Buffered) -> Body {
-    match buffered {
-        Buffered::Complete(bytes) => body::full(bytes),
-        Buffered::TooLarge { prefix, rest } => body::chain(prefix, rest),
+fn rebuild(collected: Collected) -> Body {
+    match collected {
+        Collected::Complete(pieces) => body::pieces(pieces),
+        Collected::TooLarge { prefix, rest } => body::chain_pieces(prefix, rest),
     }
 }
+
+fn pieces_len(pieces: &[Bytes]) -> usize {
+    pieces.iter().map(Bytes::len).sum()
+}
+
+/// Plain bodies up to this size are stamped on the async worker (a scan
+/// of this much takes well under a millisecond); larger ones and every
+/// compressed one go to the blocking pool.
+const INLINE_STAMP_BYTES: usize = 128 * 1024;
 
 /// The `id` member of a JSON object, as a path segment.
 fn id_of(bytes: &[u8]) -> Option<String> {

@@ -2,13 +2,13 @@
 //! body, and writing the version into a response's body. Pure functions.
 //!
 //! Bodies that are not JSON objects pass through untouched; only the field
-//! itself is added, replaced or removed (member order is kept), and a body
-//! without the field is forwarded byte for byte, not re-serialised.
+//! itself is added, replaced or removed, and every other byte is the
+//! sender's: the edit is made by [`super::splice`], never by re-encoding.
 
 use bytes::Bytes;
 use http::header::{HeaderMap, CONTENT_ENCODING, CONTENT_TYPE};
-use serde_json::{Map, Value};
 
+use super::splice::{self, Kind};
 use crate::error::Error;
 
 /// Whether `Content-Type` names JSON: any `…/json` (`application/json`,
@@ -40,66 +40,73 @@ pub fn is_encoded(headers: &HeaderMap) -> bool {
 }
 
 /// Splits a write's body into what is forwarded and the version it carried.
-pub fn take_version(body: &Bytes, json: bool, field: &str) -> Result<(Bytes, Option<i64>), Error> {
+///
+/// The forwarded body is the client's bytes less every top-level version
+/// member (see [`splice::remove`]); it shares the input's memory. A body
+/// that is not valid JSON is refused; one that is not an object, or has no
+/// version member, is forwarded as it is.
+pub fn take_version(
+    body: &Bytes,
+    json: bool,
+    field: &str,
+) -> Result<(Vec<Bytes>, Option<i64>), Error> {
     if field.is_empty() || !json || body.iter().all(u8::is_ascii_whitespace) {
-        return Ok((body.clone(), None));
+        return Ok((vec![body.clone()], None));
     }
-    let value: Value = serde_json::from_slice(body)
+    let removed = splice::remove(std::slice::from_ref(body), field)
         .map_err(|e| Error::InvalidBody(format!("the request body is not valid JSON: {e}")))?;
-    let Value::Object(mut map) = value else {
-        return Ok((body.clone(), None));
+    let Some(removed) = removed else {
+        return Ok((vec![body.clone()], None));
     };
-    let Some(raw) = map.shift_remove(field) else {
-        return Ok((body.clone(), None));
-    };
-    let version = body_version(field, &raw)?;
-    let forwarded = serde_json::to_vec(&Value::Object(map))
-        .map_err(|e| Error::InvalidBody(format!("cannot re-encode the body: {e}")))?;
-    Ok((Bytes::from(forwarded), Some(version)))
+    let mut version = None;
+    for (kind, raw) in &removed.values {
+        let v = body_version(field, *kind, raw)?;
+        if version.is_some_and(|seen| seen != v) {
+            return Err(Error::InvalidBody(format!(
+                "the body has several {field:?} members with different values"
+            )));
+        }
+        version = Some(v);
+    }
+    Ok((removed.body, version))
 }
 
-fn body_version(field: &str, raw: &Value) -> Result<i64, Error> {
+fn body_version(field: &str, kind: Kind, raw: &[u8]) -> Result<i64, Error> {
     let bad = |what: &str| {
         Err(Error::InvalidBody(format!(
             "the body's {field:?} must be a positive integer version; got {what}"
         )))
     };
-    match raw {
-        Value::Number(n) => {
-            if let Some(v) = n.as_i64() {
-                if v > 0 {
-                    Ok(v)
-                } else {
-                    bad(&v.to_string())
-                }
-            } else if n.is_u64() {
-                bad("a number too large for a version")
-            } else {
-                bad(&format!("the non-integer {n}"))
-            }
+    // Numbers are ASCII by grammar; shown shortened if very long.
+    let text = String::from_utf8_lossy(&raw[..raw.len().min(40)]);
+    let shown = if raw.len() > 40 {
+        format!("{text}…")
+    } else {
+        text.into_owned()
+    };
+    match kind {
+        Kind::Number if raw.iter().any(|b| matches!(b, b'.' | b'e' | b'E')) => {
+            bad(&format!("the non-integer {shown}"))
         }
-        Value::String(_) => bad("a string"),
-        Value::Null => bad("null"),
-        Value::Bool(_) => bad("a boolean"),
-        Value::Array(_) => bad("an array"),
-        Value::Object(_) => bad("an object"),
+        Kind::Number if raw.first() == Some(&b'-') => bad(&shown),
+        Kind::Number => match shown.parse::<i64>() {
+            Ok(v) if v > 0 => Ok(v),
+            Ok(_) => bad(&shown),
+            Err(_) => bad("a number too large for a version"),
+        },
+        Kind::String => bad("a string"),
+        Kind::Null => bad("null"),
+        Kind::True | Kind::False => bad("a boolean"),
+        Kind::Array => bad("an array"),
+        Kind::Object => bad("an object"),
     }
 }
 
-/// The body with `field` set to `version`, or `None` if it is not a JSON
-/// object (then it is sent unchanged).
-pub fn stamp_version(body: &[u8], field: &str, version: i64) -> Option<Bytes> {
-    if field.is_empty() {
-        return None;
-    }
-    let mut map: Map<String, Value> = match serde_json::from_slice(body) {
-        Ok(Value::Object(map)) => map,
-        _ => return None,
-    };
-    map.insert(field.to_string(), Value::from(version));
-    serde_json::to_vec(&Value::Object(map))
-        .ok()
-        .map(Bytes::from)
+/// The body (in the pieces it arrived in) with `field` set to `version`, or
+/// `None` if it is not a valid JSON object (then it is sent unchanged).
+/// Every byte but the version member's value is the backend's.
+pub fn stamp_version(body: &[Bytes], field: &str, version: i64) -> Option<Vec<Bytes>> {
+    splice::stamp(body, field, version)
 }
 
 #[cfg(test)]
@@ -109,7 +116,7 @@ mod tests {
 
     fn take(body: &str) -> Result<(String, Option<i64>), Error> {
         take_version(&Bytes::from(body.to_string()), true, "version")
-            .map(|(b, v)| (String::from_utf8(b.to_vec()).unwrap(), v))
+            .map(|(b, v)| (String::from_utf8(b.concat()).unwrap(), v))
     }
 
     #[test]
@@ -125,6 +132,35 @@ mod tests {
         );
         assert_eq!(take(r#"[1,2]"#).unwrap(), ("[1,2]".into(), None));
         assert_eq!(take("").unwrap(), ("".into(), None));
+    }
+
+    #[test]
+    fn write_bodies_keep_every_other_byte() {
+        assert_eq!(
+            take(r#"{"version":3,"amount":0.1,"big":18446744073709551616}"#).unwrap(),
+            (
+                r#"{"amount":0.1,"big":18446744073709551616}"#.into(),
+                Some(3)
+            )
+        );
+        assert_eq!(
+            take("{ \"a\" : 1 ,\n \"vers\\u0069on\" : 4 }").unwrap(),
+            ("{ \"a\" : 1 }".into(), Some(4))
+        );
+        // Duplicates: all removed, and they must agree.
+        assert_eq!(
+            take(r#"{"version":2,"a":[],"version":2}"#).unwrap(),
+            (r#"{"a":[]}"#.into(), Some(2))
+        );
+        assert!(matches!(
+            take(r#"{"version":2,"version":3}"#),
+            Err(Error::InvalidBody(_))
+        ));
+        // A nested version member is not the body's version.
+        assert_eq!(
+            take(r#"{"x":{"version":1}}"#).unwrap(),
+            (r#"{"x":{"version":1}}"#.into(), None)
+        );
     }
 
     #[test]
@@ -152,17 +188,17 @@ mod tests {
         let b = Bytes::from_static(b"version=3");
         assert_eq!(
             take_version(&b, false, "version").unwrap(),
-            (b.clone(), None)
+            (vec![b.clone()], None)
         );
         let j = Bytes::from_static(br#"{"version":3}"#);
-        assert_eq!(take_version(&j, true, "").unwrap(), (j.clone(), None));
+        assert_eq!(take_version(&j, true, "").unwrap(), (vec![j.clone()], None));
     }
 
     #[test]
     fn stamping_sets_or_replaces_the_field_in_place() {
         let s = |b: &str| {
-            stamp_version(b.as_bytes(), "version", 7)
-                .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            stamp_version(&[Bytes::from(b.to_string())], "version", 7)
+                .map(|b| String::from_utf8(b.concat()).unwrap())
         };
         assert_eq!(s(r#"{"a":1}"#).unwrap(), r#"{"a":1,"version":7}"#);
         assert_eq!(
@@ -171,7 +207,7 @@ mod tests {
         );
         assert_eq!(s("[1]"), None);
         assert_eq!(s("oops"), None);
-        assert_eq!(stamp_version(b"{}", "", 7), None);
+        assert_eq!(stamp_version(&[Bytes::from_static(b"{}")], "", 7), None);
     }
 
     #[test]

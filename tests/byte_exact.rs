@@ -1,0 +1,274 @@
+//! Bytes are the backend's (and the client's): a stamped read differs from
+//! what the backend sent only in the version member, a write reaches the
+//! backend less only its version member, and compression survives stamping.
+//! The backend serves exact seeded bytes (`PUT /_backend/raw/…`) and
+//! compresses them when asked.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod versioned_support;
+
+use std::io::Read;
+
+use bytes::Bytes;
+use common::{Backend, Client, Lockstep, Resp};
+use http::Method;
+use versioned_support::received;
+
+/// Makes the backend answer `GET path` with exactly `body`.
+async fn seed_raw(backend: &Backend, path: &str, content_type: &str, body: impl Into<Bytes>) {
+    let resp = Client::new()
+        .request(
+            Method::PUT,
+            backend.url_for(&format!("/_backend/raw{path}")),
+        )
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await;
+    assert_eq!(resp.status, 204, "seeding raw {path}: {resp:?}");
+}
+
+const BIG: &str = "{\n  \"id64\": 18446744073709551616,\n  \"amount\": 0.1,\n  \"huge\": 1e400,\n  \"tiny\": -1E-400,\n  \"name\": \"caf\\u00e9 \\ud83d\\ude00\",\n  \"dup\": 1, \"dup\": 2,\n  \"nested\": {\"version\": 99}\n}";
+
+fn with_version(body: &str, version: u64) -> String {
+    // The backend's document, plus one member after the last one.
+    let close = body.rfind('}').unwrap();
+    let last = body[..close].trim_end().len();
+    format!("{},\"version\":{version}{}", &body[..last], &body[last..])
+}
+
+#[tokio::test]
+async fn a_stamped_read_keeps_every_byte_but_the_version() {
+    let backend = Backend::start();
+    seed_raw(&backend, "/articles/big", "application/json", BIG).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    let get = client
+        .get(lockstep.proxy_url_for("/articles/big"))
+        .send()
+        .await;
+    assert_eq!(get.status, 200, "{get:?}");
+    assert_eq!(get.etag().as_deref(), Some("\"1\""), "{get:?}");
+    assert_eq!(get.text(), with_version(BIG, 1), "{get:?}");
+    assert_eq!(
+        get.header("content-length"),
+        Some(get.body.len().to_string())
+    );
+
+    let head = client
+        .head(lockstep.proxy_url_for("/articles/big"))
+        .send()
+        .await;
+    assert!(head.body.is_empty());
+    assert_eq!(head.header("content-length"), get.header("content-length"));
+}
+
+#[tokio::test]
+async fn an_existing_version_member_is_replaced_in_place() {
+    let backend = Backend::start();
+    let body = "{ \"version\" : \"stale\" , \"n\":1.0, \"vers\\u0069on\":[7] }";
+    seed_raw(&backend, "/articles/v", "application/json", body).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    let get = Client::new()
+        .get(lockstep.proxy_url_for("/articles/v"))
+        .send()
+        .await;
+    assert_eq!(
+        get.text(),
+        "{ \"version\" : 1 , \"n\":1.0, \"vers\\u0069on\":1 }",
+        "{get:?}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_and_non_object_json_is_served_unchanged_with_an_etag() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    for (path, body) in [
+        ("/articles/bad", "{\"a\":01}"),
+        ("/articles/trunc", "{\"a\":[1,2"),
+        ("/articles/list", "[{\"version\":3}]"),
+        ("/articles/surrogate", "{\"a\":\"\\ud800\"}"),
+    ] {
+        seed_raw(&backend, path, "application/json", body).await;
+        let get = Client::new().get(lockstep.proxy_url_for(path)).send().await;
+        assert_eq!(get.status, 200, "{get:?}");
+        assert_eq!(get.text(), body, "{path}: {get:?}");
+        assert_eq!(get.etag().as_deref(), Some("\"1\""), "{get:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_body_near_the_limit_is_stamped_and_one_over_it_streams_unchanged() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    // 1 MiB limit by default: one body just under it, one just over.
+    let item = "{\"n\":123456789012345678901234567890,\"s\":\"\\u00e9\"},";
+    let under = format!(
+        "{{\"items\":[{}{{}}]}}",
+        item.repeat((1_048_576 - 64) / item.len())
+    );
+    let over = format!(
+        "{{\"items\":[{}{{}}]}}",
+        item.repeat(1_048_576 / item.len() + 1)
+    );
+    assert!(under.len() + 14 <= 1_048_576 && over.len() > 1_048_576);
+    seed_raw(
+        &backend,
+        "/articles/under",
+        "application/json",
+        under.clone(),
+    )
+    .await;
+    seed_raw(&backend, "/articles/over", "application/json", over.clone()).await;
+
+    let get = Client::new()
+        .get(lockstep.proxy_url_for("/articles/under"))
+        .send()
+        .await;
+    assert_eq!(get.etag().as_deref(), Some("\"1\""));
+    assert!(
+        get.text() == with_version(&under, 1),
+        "stamped body differs"
+    );
+
+    let get = Client::new()
+        .get(lockstep.proxy_url_for("/articles/over"))
+        .send()
+        .await;
+    assert_eq!(get.etag().as_deref(), Some("\"1\""));
+    assert!(get.body == over.as_bytes(), "over-limit body changed");
+}
+
+#[tokio::test]
+async fn a_write_body_is_forwarded_exactly_less_its_version_member() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let sent = "{\"version\":1,\"amount\":0.1,\"id64\":18446744073709551616,\n \"s\":\"\\u00e9\"}";
+
+    let resp = client
+        .request(Method::PATCH, lockstep.proxy_url_for("/articles/w"))
+        .header("content-type", "application/json")
+        .body(sent)
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag().as_deref(), Some("\"2\""), "{resp:?}");
+
+    let patches = received(&backend, "PATCH", "/articles/w").await;
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    assert_eq!(
+        patches[0]["body"],
+        "{\"amount\":0.1,\"id64\":18446744073709551616,\n \"s\":\"\\u00e9\"}"
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_write_body_is_refused_and_not_forwarded() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let resp = Client::new()
+        .request(Method::PATCH, lockstep.proxy_url_for("/articles/m"))
+        .header("content-type", "application/json")
+        .body("{\"version\":1,\"a\":\"\\ud800\"}")
+        .send()
+        .await;
+    versioned_support::assert_problem(&resp, 400, "invalid-body");
+    assert!(received(&backend, "PATCH", "/articles/m").await.is_empty());
+}
+
+fn decode(coding: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    match coding {
+        "gzip" => {
+            flate2::read::GzDecoder::new(body)
+                .read_to_end(&mut out)
+                .unwrap();
+        }
+        "br" => {
+            brotli::Decompressor::new(body, 4096)
+                .read_to_end(&mut out)
+                .unwrap();
+        }
+        "zstd" => out = zstd::decode_all(body).unwrap(),
+        other => panic!("unexpected coding {other}"),
+    }
+    out
+}
+
+async fn get_encoded(lockstep: &Lockstep, path: &str, accept: &str, method: Method) -> Resp {
+    Client::new()
+        .request(method, lockstep.proxy_url_for(path))
+        .header("accept-encoding", accept)
+        .send()
+        .await
+}
+
+#[tokio::test]
+async fn compressed_stamped_reads_keep_the_backends_coding() {
+    let backend = Backend::start();
+    // Big enough that compression matters.
+    let body = format!(
+        "{{\"rows\":[{}0],\"big\":18446744073709551616}}",
+        "{\"a\":0.1,\"b\":\"text text text\"},".repeat(2000)
+    );
+    seed_raw(&backend, "/articles/z", "application/json", body.clone()).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let want = with_version(&body, 1);
+
+    for coding in ["gzip", "br", "zstd"] {
+        let get = get_encoded(&lockstep, "/articles/z", coding, Method::GET).await;
+        assert_eq!(get.status, 200, "{get:?}");
+        assert_eq!(get.header("content-encoding").as_deref(), Some(coding));
+        assert_eq!(get.etag().as_deref(), Some("\"1\""));
+        assert!(
+            get.header_all("vary")
+                .iter()
+                .any(|v| v.to_ascii_lowercase().contains("accept-encoding")),
+            "{get:?}"
+        );
+        assert_eq!(
+            get.header("content-length"),
+            Some(get.body.len().to_string())
+        );
+        assert!(
+            get.body.len() < body.len() / 10,
+            "{coding}: {} bytes for {}",
+            get.body.len(),
+            body.len()
+        );
+        let plain = decode(coding, &get.body);
+        assert!(plain == want.as_bytes(), "{coding}: decoded body differs");
+
+        let head = get_encoded(&lockstep, "/articles/z", coding, Method::HEAD).await;
+        assert!(head.body.is_empty());
+        assert_eq!(head.header("content-encoding").as_deref(), Some(coding));
+        assert_eq!(head.header("content-length"), get.header("content-length"));
+    }
+
+    // A client that accepts no coding gets plain bytes.
+    let plain = Client::new()
+        .get(lockstep.proxy_url_for("/articles/z"))
+        .send()
+        .await;
+    assert_eq!(plain.header("content-encoding"), None);
+    assert!(plain.body == want.as_bytes());
+}
+
+#[tokio::test]
+async fn a_compressed_body_over_the_limit_once_decoded_passes_unchanged() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    // Compresses to a few KiB, decodes to 2 MB: more than max_body_bytes.
+    let body = format!("{{\"z\":\"{}\"}}", "0".repeat(2_000_000));
+    seed_raw(&backend, "/articles/bomb", "application/json", body.clone()).await;
+    let get = get_encoded(&lockstep, "/articles/bomb", "gzip", Method::GET).await;
+    assert_eq!(get.status, 200, "{get:?}");
+    assert_eq!(get.etag().as_deref(), Some("\"1\""));
+    assert_eq!(get.header("content-encoding").as_deref(), Some("gzip"));
+    assert!(decode("gzip", &get.body) == body.as_bytes());
+}
