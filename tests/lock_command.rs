@@ -75,6 +75,23 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success(), "kill -{name} {pid}");
 }
 
+/// Waits until process `pid` has a SIGTERM handler (Linux: the `SigCgt`
+/// mask in /proc/PID/status), so a SIGTERM sent next is its to handle, not
+/// the default death of a process still starting.
+async fn catches_sigterm(pid: u32) {
+    const SIGTERM_BIT: u64 = 1 << (15 - 1);
+    eventually(RUN_TIMEOUT, "a SIGTERM handler", || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .is_some_and(|mask| mask & SIGTERM_BIT != 0);
+        async move { caught.then_some(()) }
+    })
+    .await
+}
+
 /// `GET /locks/{resource}`'s status.
 async fn lock_status(ls: &Lockstep, escaped_resource: &str) -> u16 {
     Client::new()
@@ -126,7 +143,13 @@ async fn the_commands_exit_status_comes_back_and_the_lock_is_released() {
     let ls = Lockstep::builder().start();
     let dir = tempfile::tempdir().unwrap();
     for (script, code) in [("exit 0", 0), ("exit 7", 7), ("kill -KILL $$", 128 + 9)] {
-        let out = finish(lock(&ls.admin_url(), &["job"], script, dir.path())).await;
+        let out = finish(lock(
+            &ls.admin_url(),
+            &["job", "--owner", "crón on nöde-1"],
+            script,
+            dir.path(),
+        ))
+        .await;
         assert_eq!(out.status.code(), Some(code), "{script}: {}", stderr(&out));
         assert_eq!(lock_status(&ls, "job").await, 404, "{script}");
     }
@@ -168,6 +191,33 @@ async fn a_held_lock_without_wait_exits_75_and_the_command_never_runs() {
         .send()
         .await;
     assert_eq!(get.status, 200, "{get:?}");
+}
+
+#[tokio::test]
+async fn a_signal_while_waiting_ends_the_wait_and_the_command_never_runs() {
+    let ls = Lockstep::builder().start();
+    let dir = tempfile::tempdir().unwrap();
+    let held = Client::new()
+        .post(
+            ls.admin_url_for("/locks/job"),
+            json!({"owner": "someone-else", "ttl_ms": 60_000}),
+        )
+        .send()
+        .await;
+    assert_eq!(held.status, 200, "{held:?}");
+    let run = lock(
+        &ls.admin_url(),
+        &["job", "--wait", "1m"],
+        "touch ran",
+        dir.path(),
+    );
+    let pid = run.id().expect("running");
+    catches_sigterm(pid).await;
+    signal(pid, "TERM");
+
+    let out = finish(run).await;
+    assert_eq!(out.status.code(), Some(128 + 15), "{}", stderr(&out));
+    assert!(!dir.path().join("ran").exists(), "the command ran");
 }
 
 #[tokio::test]

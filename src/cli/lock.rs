@@ -286,12 +286,17 @@ async fn acquire(
                 )))
             }
             status => {
+                let hint = if status == StatusCode::UNAUTHORIZED {
+                    " (the lock API wants a bearer token: --token-file)"
+                } else {
+                    ""
+                };
                 return Err(not_held(format!(
-                    "{} answered {status} to acquire {:?}: {}",
+                    "{} answered {status} to acquire {:?}: {}{hint}",
                     admin.base,
                     admin.resource,
                     reply.detail()
-                )))
+                )));
             }
         }
     }
@@ -611,6 +616,8 @@ impl Admin {
             req = req.header(header::AUTHORIZATION, auth);
         }
         if let Some(owner) = lock_owner {
+            // Owners are UTF-8; header values carry bytes above ASCII as they
+            // are, and the server reads them back as UTF-8.
             req = req.header("lock-owner", owner);
         }
         let bytes = match body {
