@@ -232,8 +232,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A granted lock: its token, and the instant from which its TTL counts at
-/// the latest.
+/// A granted lock: its token, and the instant its TTL is counted from here
+/// (see [`acquire`]).
 struct Granted {
     fencing_token: u64,
     at: Instant,
