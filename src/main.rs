@@ -1,5 +1,8 @@
 //! The `lockstep` binary: command line, configuration, logging, signals.
-//! Everything else lives in the library.
+//! Everything else lives in the library, except the subcommands that are
+//! only clients of a running lockstep ([`cli`]).
+
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,9 +50,13 @@ enum Command {
         #[arg(long, default_value = "config/lockstep.toml")]
         config: PathBuf,
     },
+    /// Run COMMAND while holding a lock of a running lockstep, like flock(1)
+    /// across machines.
+    Lock(cli::lock::Args),
 }
 
-/// EX_USAGE: the configuration is wrong; nothing was started.
+/// EX_USAGE: the command line or the configuration is wrong; nothing was
+/// started.
 const EXIT_CONFIG: u8 = 64;
 
 fn load(path: PathBuf, explicit: bool, flags: &FlagOverrides) -> Result<Validated, ExitCode> {
@@ -68,8 +75,21 @@ fn explicit(path: &std::path::Path) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; anything
+            // else is a usage error (clap's own default would be 2).
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match cli.command {
+        Command::Lock(args) => cli::lock::run(args),
         Command::CheckConfig { config } => {
             let explicit = explicit(&config);
             match load(config.clone(), explicit, &FlagOverrides::default()) {
