@@ -171,7 +171,7 @@ pub fn pieces(pieces: Vec<Bytes>) -> Body {
 
 /// `prefix` pieces, then everything left in `rest`.
 pub fn chain_pieces(prefix: Vec<Bytes>, rest: Body) -> Body {
-    if prefix.is_empty() {
+    if prefix.iter().all(Bytes::is_empty) {
         return rest;
     }
     let len = prefix.iter().map(|p| p.len() as u64).sum();
@@ -273,49 +273,7 @@ pub async fn read_request(
 
 /// A body that yields `prefix` and then everything left in `rest`.
 pub fn chain(prefix: Bytes, rest: Body) -> Body {
-    if prefix.is_empty() {
-        return rest;
-    }
-    Prefixed {
-        prefix: Some(prefix),
-        rest,
-    }
-    .boxed()
-}
-
-struct Prefixed {
-    prefix: Option<Bytes>,
-    rest: Body,
-}
-
-impl http_body::Body for Prefixed {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(prefix) = self.prefix.take() {
-            return Poll::Ready(Some(Ok(Frame::data(prefix))));
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.prefix.is_none() && self.rest.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let extra = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
-        let rest = self.rest.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower() + extra);
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper + extra);
-        }
-        hint
-    }
+    chain_pieces(vec![prefix], rest)
 }
 
 #[cfg(test)]
