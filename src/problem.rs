@@ -147,7 +147,8 @@ impl From<&Error> for Problem {
             Error::LockHeld(held) => Problem::new(S::CONFLICT, "lock-held", "Lock held", detail)
                 .ext("acquired", json!(false))
                 .ext("resource", json!(held.resource))
-                .ext("owner", json!(held.owner))
+                .ext("owner_fingerprint", json!(held.owner_fingerprint))
+                .ext("label", json!(held.label))
                 .ext("fencing_token", json!(held.fencing_token))
                 .ext("acquired_at", json!(rfc3339_ms(held.acquired_at_ms)))
                 .ext("expires_at", json!(rfc3339_ms(held.expires_at_ms)))
@@ -274,7 +275,8 @@ mod tests {
             (
                 Error::LockHeld(Box::new(HeldLock {
                     resource: "r".into(),
-                    owner: "o".into(),
+                    owner_fingerprint: "0123456789abcdef".into(),
+                    label: None,
                     fencing_token: 1,
                     acquired_at_ms: 0,
                     expires_at_ms: 0,

@@ -16,7 +16,7 @@ use http::Method;
 use serde_json::{json, Value};
 
 use common::{eventually, Backend, Client, Lockstep, Resp};
-use locks_db::{acquire, get, lock_url, release, renew, token, Db, DbKind};
+use locks_db::{acquire, fingerprint, get, get_as, lock_url, release, renew, token, Db, DbKind};
 
 db_tests!(
     acquire_returns_the_lock_and_another_owner_gets_409,
@@ -93,8 +93,10 @@ fn now_ms() -> i64 {
     .unwrap()
 }
 
-/// A lock record as SPEC describes it: resource, owner, an integer
-/// fencing_token, acquired_at and expires_at (RFC 3339 ms, close to now).
+/// A lock record as the README describes it: resource, the owner's
+/// fingerprint (and the owner itself only where the caller presented it),
+/// an integer fencing_token, acquired_at and expires_at (RFC 3339 ms, close
+/// to now).
 fn check_record(resp: &Resp, resource: &str, owner: &str) -> Value {
     assert_eq!(
         resp.content_type().as_deref(),
@@ -103,7 +105,10 @@ fn check_record(resp: &Resp, resource: &str, owner: &str) -> Value {
     );
     let body = resp.json();
     assert_eq!(body["resource"], resource, "{body}");
-    assert_eq!(body["owner"], owner, "{body}");
+    assert_eq!(body["owner_fingerprint"], fingerprint(owner), "{body}");
+    if let Some(shown) = body.get("owner") {
+        assert_eq!(shown, owner, "{body}");
+    }
     assert!(
         body["fencing_token"].is_u64() && body["fencing_token"].as_u64().unwrap() >= 1,
         "fencing_token must be a positive integer: {body}"
@@ -301,7 +306,7 @@ async fn release_needs_the_holder(db: DbKind) {
     check_problem(&wrong, 403, "forbidden");
     let still = get(&c, &url).await;
     assert_eq!(still.status, 200, "a 403 must not release: {still:?}");
-    assert_eq!(still.json()["owner"], "worker-a");
+    assert_eq!(still.json()["owner_fingerprint"], fingerprint("worker-a"));
 
     let no_header = c.delete(&url).send().await;
     check_bad_request(&no_header, "DELETE without Lock-Owner");
@@ -392,7 +397,7 @@ async fn renew_fails_for_another_owner_an_expired_or_unknown_lock(db: DbKind) {
     let other = renew(&c, &url, "worker-b", 30_000).await;
     assert_eq!(other.status, 409, "{other:?}");
     check_problem(&other, 409, "lock-held");
-    let g = get(&c, &url).await.json();
+    let g = get_as(&c, &url, "worker-a").await.json();
     assert_eq!(g["owner"], "worker-a");
     assert_eq!(
         g["expires_at"],
@@ -861,7 +866,11 @@ async fn logs_show_acquire_conflict_renew_release(db: DbKind) {
     assert_eq!(release(&c, &url, "worker-a").await.status, 204);
 
     let line = wait_event(&ls, "acquire", "job:logged").await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     assert!(
         field(&line, "wait_ms").is_u64(),
         "acquire carries wait_ms: {line}"
@@ -871,15 +880,23 @@ async fn logs_show_acquire_conflict_renew_release(db: DbKind) {
     let line = wait_event(&ls, "conflict", "job:logged").await;
     let fields = line.get("fields").unwrap_or(&line).to_string();
     assert!(
-        fields.contains("\"worker-b\"") && fields.contains("\"worker-a\""),
-        "the conflict names who asked and who holds: {line}"
+        fields.contains(&fingerprint("worker-b")) && fields.contains(&fingerprint("worker-a")),
+        "the conflict names who asked and who holds, by fingerprint: {line}"
     );
 
     let line = wait_event(&ls, "renew", "job:logged").await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
 
     let line = wait_event(&ls, "release", "job:logged").await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     let held = field(&line, "held_ms")
         .as_i64()
         .unwrap_or_else(|| panic!("release without an integer held_ms: {line}"));
@@ -909,7 +926,11 @@ async fn late_release_and_renew_log_warnings(db: DbKind) {
                 && field(l, "resource") == "job:late-release"
         })
         .await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     assert!(
         field(&line, "event")
             .as_str()
@@ -928,7 +949,11 @@ async fn late_release_and_renew_log_warnings(db: DbKind) {
                 && field(l, "resource") == "job:late-renew"
         })
         .await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     assert!(
         field(&line, "event")
             .as_str()
@@ -948,8 +973,16 @@ async fn reclaim_is_logged_with_the_previous_owner(db: DbKind) {
     assert_eq!(acquire(&c, &url, "worker-b", 1000).await.status, 200);
 
     let line = wait_event(&ls, "reclaim", "job:reclaimed").await;
-    assert_eq!(field(&line, "owner"), "worker-b", "{line}");
-    assert_eq!(field(&line, "previous_owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-b").as_str(),
+        "{line}"
+    );
+    assert_eq!(
+        field(&line, "previous_owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     let expired_for = field(&line, "expired_for_ms")
         .as_i64()
         .unwrap_or_else(|| panic!("reclaim without expired_for_ms: {line}"));

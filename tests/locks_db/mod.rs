@@ -192,6 +192,23 @@ pub async fn get(c: &Client, url: &str) -> Resp {
     c.get(url).send().await
 }
 
+/// `GET` presenting `owner` in `Lock-Owner`: the holder's own view, which
+/// shows `owner` when it matches.
+pub async fn get_as(c: &Client, url: &str, owner: &str) -> Resp {
+    c.get(url).header("lock-owner", owner).send().await
+}
+
+/// What everyone but the holder sees of an owner: the first 16 hex digits
+/// of its SHA-256.
+pub fn fingerprint(owner: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(owner.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 pub fn token(body: &Value) -> u64 {
     body["fencing_token"]
         .as_u64()
