@@ -33,6 +33,7 @@ db_tests!(
     ttl_outside_bounds_or_not_an_integer_is_400,
     bad_owner_or_body_is_400_and_stores_nothing,
     bad_resource_is_400_and_stores_nothing,
+    unknown_body_members_are_400_naming_them,
     malformed_percent_escapes_are_400_on_both_listeners,
     edge_case_resources_work,
     a_unicode_owner_can_release_its_lock,
@@ -661,6 +662,40 @@ async fn bad_owner_or_body_is_400_and_stores_nothing(db: DbKind) {
     assert_eq!(r.status, 200, "{r:?}");
     check_record(&r, "job:bad-input", &owner);
     assert_eq!(release(&c, &url, &owner).await.status, 204);
+}
+
+/// A misspelt member must not fall back to a default: `{"owner": "a",
+/// "ttl": 5000}` would otherwise get the default TTL, not 5 s.
+async fn unknown_body_members_are_400_naming_them(db: DbKind) {
+    let db = Db::fresh(db).await;
+    let ls = db.lockstep().locks_toml("default_ttl_ms = 30000").start();
+    let c = Client::new();
+    let url = lock_url(&ls, "job:strict");
+    for (body, member) in [
+        (json!({"owner": "a", "ttl": 5000}), "ttl"),
+        (
+            json!({"owner": "a", "ttl_ms": 5000, "wait_ms": 10}),
+            "wait_ms",
+        ),
+        (json!({"owner": "a", "Owner": "b"}), "Owner"),
+    ] {
+        for method in [Method::POST, Method::PATCH] {
+            let r = c.request(method.clone(), &url).json(&body).send().await;
+            let problem = check_problem(&r, 400, "invalid-body");
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(
+                detail.contains(&format!("\"{member}\"")),
+                "{method} {body}: the detail names {member:?}: {detail}"
+            );
+        }
+    }
+    assert_eq!(db.lock_rows().await, 0, "a refused body stored a row");
+    // The known members are all accepted.
+    let r = c
+        .post(&url, json!({"owner": "a", "ttl_ms": 5000, "label": "l"}))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
 }
 
 async fn bad_resource_is_400_and_stores_nothing(db: DbKind) {

@@ -62,6 +62,9 @@ pub struct Locks {
     metrics: LockMetrics,
 }
 
+/// The members a lock request body may have.
+const LOCK_BODY_MEMBERS: [&str; 3] = ["owner", "ttl_ms", "label"];
+
 #[derive(Debug, Deserialize)]
 struct LockBody {
     owner: Option<serde_json::Value>,
@@ -562,10 +565,21 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
     }
     let value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| Error::InvalidBody(format!("the request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
+    let Some(members) = value.as_object() else {
         return Err(Error::InvalidBody(
             "the request body must be a JSON object".into(),
         ));
+    };
+    // A misspelt member (`ttl` for `ttl_ms`) must not quietly fall back to
+    // a default: the caller would hold the lock for a time it never asked for.
+    if let Some(unknown) = members
+        .keys()
+        .find(|k| !LOCK_BODY_MEMBERS.contains(&k.as_str()))
+    {
+        return Err(Error::InvalidBody(format!(
+            "unknown member {unknown:?} in the lock request; the members are {}",
+            LOCK_BODY_MEMBERS.join(", ")
+        )));
     }
     serde_json::from_value(value)
         .map_err(|e| Error::InvalidBody(format!("invalid lock request: {e}")))
