@@ -160,6 +160,10 @@ pub struct LocksConfig {
     pub max_ttl_ms: u64,
     pub max_wait_ms: u64,
     pub proxy_prefix: String,
+    /// One bearer token per line: when set, every lock call needs one.
+    pub api_tokens_file: String,
+    /// How often the tokens file is checked for a change.
+    pub api_tokens_reload_interval_ms: u64,
     pub warn_held_fraction: f64,
     pub sweep_interval_ms: u64,
     pub retention_ms: u64,
@@ -173,6 +177,8 @@ impl Default for LocksConfig {
             max_ttl_ms: 3_600_000,
             max_wait_ms: 30_000,
             proxy_prefix: String::new(),
+            api_tokens_file: String::new(),
+            api_tokens_reload_interval_ms: 10_000,
             warn_held_fraction: 0.8,
             sweep_interval_ms: 60_000,
             retention_ms: 3_600_000,
@@ -407,6 +413,11 @@ impl Config {
                 l.proxy_prefix
             ));
         }
+        if l.api_tokens_reload_interval_ms == 0 {
+            return invalid("locks.api_tokens_reload_interval_ms must be > 0".into());
+        }
+        let api_tokens_file =
+            (!l.api_tokens_file.is_empty()).then(|| PathBuf::from(&l.api_tokens_file));
         let level = self.log.level.clone();
         if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
             return invalid(format!(
@@ -445,6 +456,7 @@ impl Config {
             upstream_ca,
             proxy_tls,
             admin_tls,
+            api_tokens_file,
             resources,
             config: self,
         })
@@ -463,6 +475,9 @@ pub struct Validated {
     /// Certificate files of the proxy and admin listeners (checked to load).
     pub proxy_tls: Option<CertFiles>,
     pub admin_tls: Option<CertFiles>,
+    /// Bearer tokens of the lock API; the binary checks the file loads
+    /// (it is the lock wing's format, not the config's).
+    pub api_tokens_file: Option<PathBuf>,
     pub resources: ResourceMap,
 }
 

@@ -47,6 +47,10 @@ pub enum Error {
     NotFound(String),
     #[error("{0}")]
     Forbidden(String),
+    /// No bearer token, or one that is not accepted; `invalid_token` when
+    /// one was presented (RFC 6750 `error="invalid_token"`).
+    #[error("{detail}")]
+    Unauthorized { detail: String, invalid_token: bool },
     #[error("{0}")]
     MethodNotAllowed(&'static str),
     #[error("lock {} is held by another owner until it expires or is released", .0.resource)]

@@ -137,6 +137,20 @@ impl From<&Error> for Problem {
             ),
             Error::NotFound(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             Error::Forbidden(_) => Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail),
+            Error::Unauthorized { invalid_token, .. } => Problem::new(
+                S::UNAUTHORIZED,
+                "unauthorized",
+                "Unauthorized",
+                detail,
+            )
+            .header(
+                header::WWW_AUTHENTICATE,
+                if *invalid_token {
+                    r#"Bearer realm="lockstep", error="invalid_token""#.to_string()
+                } else {
+                    r#"Bearer realm="lockstep""#.to_string()
+                },
+            ),
             Error::MethodNotAllowed(allow) => Problem::new(
                 S::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -271,6 +285,14 @@ mod tests {
             ),
             (Error::NotFound("x".into()), 404, "not-found"),
             (Error::Forbidden("x".into()), 403, "forbidden"),
+            (
+                Error::Unauthorized {
+                    detail: "x".into(),
+                    invalid_token: false,
+                },
+                401,
+                "unauthorized",
+            ),
             (Error::MethodNotAllowed("GET"), 405, "method-not-allowed"),
             (
                 Error::LockHeld(Box::new(HeldLock {

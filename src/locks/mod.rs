@@ -12,6 +12,11 @@
 //! renew body, a `GET` with the matching `Lock-Owner` header). Everyone else
 //! (conflicts, 403s, plain `GET`s, every log line) sees the owner's
 //! fingerprint and the public label the holder chose.
+//!
+//! Callers themselves are checked first, when `locks.api_tokens_file` is
+//! set ([`auth`]).
+
+pub mod auth;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +65,8 @@ pub struct Locks {
     store: Arc<dyn Store>,
     settings: Arc<Settings>,
     metrics: LockMetrics,
+    /// When set, every call needs one of these bearer tokens.
+    tokens: Option<Arc<auth::ApiTokens>>,
 }
 
 /// The members a lock request body may have.
@@ -73,11 +80,17 @@ struct LockBody {
 }
 
 impl Locks {
-    pub fn new(store: Arc<dyn Store>, settings: Settings, metrics: LockMetrics) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        settings: Settings,
+        metrics: LockMetrics,
+        tokens: Option<Arc<auth::ApiTokens>>,
+    ) -> Self {
         Self {
             store,
             settings: Arc::new(settings),
             metrics,
+            tokens,
         }
     }
 
@@ -87,7 +100,11 @@ impl Locks {
         let started = Instant::now();
         let method = req.method().clone();
         let uri = req.uri().clone();
-        let (resource, result) = match parse_resource(raw_resource) {
+        let authorized = match &self.tokens {
+            Some(tokens) => tokens.check(req.headers()),
+            None => Ok(()),
+        };
+        let (resource, result) = match authorized.and_then(|()| parse_resource(raw_resource)) {
             Err(e) => (None, Err(e)),
             Ok(resource) => {
                 let result = match method {
