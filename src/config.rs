@@ -413,6 +413,13 @@ impl Config {
                 l.proxy_prefix
             ));
         }
+        if !l.proxy_prefix.is_empty() && l.api_tokens_file.is_empty() {
+            return invalid(format!(
+                "locks.proxy_prefix {:?} needs locks.api_tokens_file: without bearer tokens it would \
+                 hand every client of the public API every lock",
+                l.proxy_prefix
+            ));
+        }
         if l.api_tokens_reload_interval_ms == 0 {
             return invalid("locks.api_tokens_reload_interval_ms must be > 0".into());
         }
@@ -673,6 +680,10 @@ mod tests {
             ("[locks]\nmin_ttl_ms = 10\nmax_ttl_ms = 5\n", "min_ttl_ms"),
             ("[locks]\ndefault_ttl_ms = 1\n", "default_ttl_ms"),
             ("[locks]\nproxy_prefix = \"x\"\n", "proxy_prefix"),
+            (
+                "[locks]\nproxy_prefix = \"/_lockstep\"\n",
+                "locks.proxy_prefix \"/_lockstep\" needs locks.api_tokens_file",
+            ),
             ("[log]\nformat = \"xml\"\n", "format"),
             ("[[resources]]\npattern = \"articles/{id}\"\n", "pattern"),
             ("[[resources]]\npattern = \"/a/{id\"\n", "pattern"),

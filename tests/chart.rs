@@ -202,7 +202,7 @@ async fn sqlite_values_start_lockstep_with_their_settings() {
     let (lockstep, _backend, _data) = serve_rendered_config(&helm, Some(&values)).await;
     let client = Client::new();
     // ci/sqlite-single.yaml sets require_precondition = true and
-    // conflict_status = 412, and mounts the lock API under /_lockstep.
+    // conflict_status = 412.
     let unconditional = client
         .patch(lockstep.proxy_url_for("/articles/1"), json!({"title": "x"}))
         .send()
@@ -216,7 +216,7 @@ async fn sqlite_values_start_lockstep_with_their_settings() {
     assert_eq!(stale.status, 412, "{stale:?}");
     let lock = client
         .post(
-            lockstep.proxy_url_for("/_lockstep/locks/job:1"),
+            lockstep.admin_url_for("/locks/job:1"),
             json!({"owner": "chart", "ttl_ms": 5000}),
         )
         .send()

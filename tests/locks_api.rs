@@ -16,7 +16,10 @@ use http::Method;
 use serde_json::{json, Value};
 
 use common::{eventually, Backend, Client, Lockstep, Resp};
-use locks_db::{acquire, fingerprint, get, get_as, lock_url, release, renew, token, Db, DbKind};
+use locks_db::{
+    acquire, fingerprint, get, get_as, lock_url, release, renew, token, with_tokens, Db, DbKind,
+    TOKEN,
+};
 
 db_tests!(
     acquire_returns_the_lock_and_another_owner_gets_409,
@@ -740,12 +743,12 @@ async fn bad_resource_is_400_and_stores_nothing(db: DbKind) {
 async fn malformed_percent_escapes_are_400_on_both_listeners(db: DbKind) {
     let db = Db::fresh(db).await;
     let backend = Backend::start();
-    let ls = db
-        .lockstep()
+    let tokens = tempfile::tempdir().unwrap();
+    let ls = with_tokens(db.lockstep(), tokens.path())
         .upstream(backend.url())
         .locks_toml(r#"proxy_prefix = "/_lockstep""#)
         .start();
-    let c = Client::new();
+    let c = Client::new().with_bearer(TOKEN);
     let malformed = [
         ("%zz", "job%zz"),
         ("%4 at the end", "job%4"),
@@ -1060,12 +1063,12 @@ async fn release_after_most_of_the_ttl_warns(db: DbKind) {
 async fn proxy_prefix_serves_the_lock_api(db: DbKind) {
     let db = Db::fresh(db).await;
     let backend = Backend::start();
-    let ls = db
-        .lockstep()
+    let tokens = tempfile::tempdir().unwrap();
+    let ls = with_tokens(db.lockstep(), tokens.path())
         .upstream(backend.url())
         .locks_toml(r#"proxy_prefix = "/_lockstep""#)
         .start();
-    let c = Client::new();
+    let c = Client::new().with_bearer(TOKEN);
     let url = ls.proxy_url_for("/_lockstep/locks/x");
 
     let r = acquire(&c, &url, "worker-a", 30_000).await;
@@ -1096,7 +1099,10 @@ async fn proxy_prefix_serves_the_lock_api(db: DbKind) {
             .starts_with("/_lockstep/locks")),
         "lock calls leaked to the backend: {log:?}"
     );
-    let other = c.get(ls.proxy_url_for("/_lockstep/other")).send().await;
+    let other = Client::new()
+        .get(ls.proxy_url_for("/_lockstep/other"))
+        .send()
+        .await;
     assert_eq!(other.status, 404, "{other:?}");
     assert_eq!(backend.log_for("/_lockstep/other").await.len(), 1);
 }

@@ -178,6 +178,23 @@ async fn the_tokens_file_is_reread_when_it_changes() {
     assert_eq!(status("Bearer tok-old").await, 401);
 }
 
+#[test]
+fn check_config_refuses_a_proxy_prefix_without_tokens() {
+    let (out, _dir) = check_config_text("[locks]\nproxy_prefix = \"/_lockstep\"\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("locks.api_tokens_file") && stderr.contains("every lock"),
+        "the refusal says why: {stderr}"
+    );
+    let failure = Lockstep::builder()
+        .locks_toml(r#"proxy_prefix = "/_lockstep""#)
+        .try_start()
+        .err()
+        .expect("serve started with a proxy_prefix and no tokens");
+    assert_eq!(failure.code(), Some(64), "{failure}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tokens_file_that_does_not_load_stops_check_config_and_serve() {
     let dir = tempfile::tempdir().unwrap();

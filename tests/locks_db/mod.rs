@@ -161,6 +161,20 @@ macro_rules! replica_tests {
     };
 }
 
+/// The bearer token of [`with_tokens`].
+pub const TOKEN: &str = "test-lock-token-5b1e";
+
+/// `builder` with `locks.api_tokens_file` naming a file (in `dir`) that
+/// holds [`TOKEN`]: required with `locks.proxy_prefix`.
+pub fn with_tokens(builder: LockstepBuilder, dir: &std::path::Path) -> LockstepBuilder {
+    let path = dir.join("lock-tokens");
+    std::fs::write(&path, format!("{TOKEN}\n")).expect("write the tokens file");
+    builder.locks_toml(&format!(
+        "api_tokens_file = {}",
+        crate::common::toml_string(&path.display().to_string())
+    ))
+}
+
 // ---- requests every lock test makes ----
 
 /// `http://admin/locks/{resource}`; `resource` is put in the URL as given
