@@ -454,6 +454,7 @@ fn chart_values_know_every_config_key_with_its_default() {
         "upstream.url",
         "upstream.ca_file",
         "database.url",
+        "locks.api_tokens_file",
     ]
     .into_iter()
     .map(String::from)
