@@ -162,7 +162,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let conn = ConnSettings {
         tls: proxy_cert
             .as_ref()
-            .map(ReloadingCert::server_config)
+            .map(|cert| cert.server_config(None))
             .transpose()?,
         max_header_bytes: c.server.max_header_bytes,
         header_read_timeout: ms(c.server.header_read_timeout_ms),
@@ -190,7 +190,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let admin_conn = ConnSettings {
         tls: admin_cert
             .as_ref()
-            .map(ReloadingCert::server_config)
+            .map(|cert| cert.server_config(cfg.admin_client_ca.as_deref()))
             .transpose()?,
         half_close: false,
         ..conn.clone()
@@ -227,6 +227,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         proxy = %proxy_addr,
         proxy_tls = proxy_https,
         admin_tls = admin_https,
+        admin_client_certificates = cfg.admin_client_ca.is_some(),
         lock_api_tokens = cfg.api_tokens_file.is_some(),
         workers = worker_count,
         admin = %admin_addr,

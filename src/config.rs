@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// The same for the admin listener.
     pub admin_cert_file: String,
     pub admin_key_file: String,
+    /// PEM CA certificates: when set, the admin listener accepts only
+    /// clients presenting a certificate signed by one of them (mTLS).
+    pub admin_client_ca_file: String,
     /// How often the certificate files are checked for a change (SIGHUP
     /// reloads at once).
     pub tls_reload_interval_ms: u64,
@@ -74,6 +77,7 @@ impl Default for ServerConfig {
             key_file: String::new(),
             admin_cert_file: String::new(),
             admin_key_file: String::new(),
+            admin_client_ca_file: String::new(),
             tls_reload_interval_ms: 10_000,
         }
     }
@@ -445,6 +449,21 @@ impl Config {
             "server.admin_key_file",
             &s.admin_key_file,
         )?;
+        let admin_client_ca = if s.admin_client_ca_file.is_empty() {
+            None
+        } else {
+            if admin_tls.is_none() {
+                return invalid(
+                    "server.admin_client_ca_file needs admin TLS (server.admin_cert_file and \
+                     server.admin_key_file): client certificates are asked for in a TLS handshake"
+                        .into(),
+                );
+            }
+            let ca = PathBuf::from(&s.admin_client_ca_file);
+            crate::tls::client_verifier(&ca)
+                .map_err(|e| ConfigError::Invalid(format!("server.admin_client_ca_file: {e}")))?;
+            Some(ca)
+        };
         if s.tls_reload_interval_ms == 0 {
             return invalid("server.tls_reload_interval_ms must be > 0".into());
         }
@@ -463,6 +482,7 @@ impl Config {
             upstream_ca,
             proxy_tls,
             admin_tls,
+            admin_client_ca,
             api_tokens_file,
             resources,
             config: self,
@@ -482,6 +502,8 @@ pub struct Validated {
     /// Certificate files of the proxy and admin listeners (checked to load).
     pub proxy_tls: Option<CertFiles>,
     pub admin_tls: Option<CertFiles>,
+    /// Client certificates of the admin listener must chain to these CAs.
+    pub admin_client_ca: Option<PathBuf>,
     /// Bearer tokens of the lock API; the binary checks the file loads
     /// (it is the lock wing's format, not the config's).
     pub api_tokens_file: Option<PathBuf>,

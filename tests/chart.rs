@@ -455,6 +455,7 @@ fn chart_values_know_every_config_key_with_its_default() {
         "upstream.ca_file",
         "database.url",
         "locks.api_tokens_file",
+        "server.admin_client_ca_file",
     ]
     .into_iter()
     .map(String::from)
