@@ -287,7 +287,7 @@ async fn a_database_without_labels_upgrades_in_place(db: DbKind) {
     let ls = db.lockstep().start();
     let held = c
         .post(
-            &lock_url(&ls, "job:old"),
+            lock_url(&ls, "job:old"),
             json!({"owner": "old-holder", "ttl_ms": 600_000}),
         )
         .send()
