@@ -101,7 +101,14 @@ def policy(docs):
             problems.append(f"{name}: lockstep does not drop ALL capabilities")
         if sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
             problems.append(f"{name}: lockstep seccompProfile is not RuntimeDefault")
+        # With client certificates on the admin listener the kubelet (which
+        # has none) can only check that the admin port accepts connections.
+        mtls = any(m.get("name") == "lockstep-admin-client-ca" for m in c.get("volumeMounts", []))
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            if mtls:
+                if c.get(probe, {}).get("tcpSocket", {}).get("port") != "admin":
+                    problems.append(f"{name}: lockstep {probe} is not a TCP check of the admin port (mTLS)")
+                continue
             get = c.get(probe, {}).get("httpGet", {})
             if get.get("path") != path or get.get("port") != "admin":
                 problems.append(f"{name}: lockstep {probe} is not GET {path} on the admin port")

@@ -26,6 +26,8 @@ pub enum RunError {
     Database(String),
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("locks.api_tokens_file: {0}")]
+    Tokens(#[from] crate::locks::auth::TokensError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -79,7 +81,17 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         sweep_interval: ms(c.locks.sweep_interval_ms),
         retention: ms(c.locks.retention_ms),
     };
-    let locks = Locks::new(store.clone(), lock_settings.clone(), metrics.locks.clone());
+    let api_tokens = cfg
+        .api_tokens_file
+        .as_deref()
+        .map(locks::auth::ApiTokens::load)
+        .transpose()?;
+    let locks = Locks::new(
+        store.clone(),
+        lock_settings.clone(),
+        metrics.locks.clone(),
+        api_tokens.clone(),
+    );
     let lock_prefix: Option<Arc<str>> =
         (!c.locks.proxy_prefix.is_empty()).then(|| Arc::from(c.locks.proxy_prefix.as_str()));
 
@@ -150,7 +162,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let conn = ConnSettings {
         tls: proxy_cert
             .as_ref()
-            .map(ReloadingCert::server_config)
+            .map(|cert| cert.server_config(None))
             .transpose()?,
         max_header_bytes: c.server.max_header_bytes,
         header_read_timeout: ms(c.server.header_read_timeout_ms),
@@ -178,7 +190,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let admin_conn = ConnSettings {
         tls: admin_cert
             .as_ref()
-            .map(ReloadingCert::server_config)
+            .map(|cert| cert.server_config(cfg.admin_client_ca.as_deref()))
             .transpose()?,
         half_close: false,
         ..conn.clone()
@@ -195,6 +207,15 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         ms(c.server.tls_reload_interval_ms),
         stop.clone(),
     ));
+    let token_watch = tokio::spawn({
+        let stop = stop.clone();
+        let interval = ms(c.locks.api_tokens_reload_interval_ms);
+        async move {
+            if let Some(tokens) = api_tokens {
+                locks::auth::watch(tokens, interval, stop).await;
+            }
+        }
+    });
     let sweeper = tokio::spawn(locks::sweeper(
         store.clone(),
         lock_settings,
@@ -206,6 +227,8 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         proxy = %proxy_addr,
         proxy_tls = proxy_https,
         admin_tls = admin_https,
+        admin_client_certificates = cfg.admin_client_ca.is_some(),
+        lock_api_tokens = cfg.api_tokens_file.is_some(),
         workers = worker_count,
         admin = %admin_addr,
         upstream = %cfg.upstream,
@@ -224,7 +247,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             let _ = w.join();
         }
     });
-    let _ = tokio::join!(proxy, admin, sweeper, cert_watch);
+    let _ = tokio::join!(proxy, admin, sweeper, cert_watch, token_watch);
     tracing::info!("stopped");
     Ok(())
 }

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// The same for the admin listener.
     pub admin_cert_file: String,
     pub admin_key_file: String,
+    /// PEM CA certificates: when set, the admin listener accepts only
+    /// clients presenting a certificate signed by one of them (mTLS).
+    pub admin_client_ca_file: String,
     /// How often the certificate files are checked for a change (SIGHUP
     /// reloads at once).
     pub tls_reload_interval_ms: u64,
@@ -74,6 +77,7 @@ impl Default for ServerConfig {
             key_file: String::new(),
             admin_cert_file: String::new(),
             admin_key_file: String::new(),
+            admin_client_ca_file: String::new(),
             tls_reload_interval_ms: 10_000,
         }
     }
@@ -160,6 +164,10 @@ pub struct LocksConfig {
     pub max_ttl_ms: u64,
     pub max_wait_ms: u64,
     pub proxy_prefix: String,
+    /// One bearer token per line: when set, every lock call needs one.
+    pub api_tokens_file: String,
+    /// How often the tokens file is checked for a change.
+    pub api_tokens_reload_interval_ms: u64,
     pub warn_held_fraction: f64,
     pub sweep_interval_ms: u64,
     pub retention_ms: u64,
@@ -173,6 +181,8 @@ impl Default for LocksConfig {
             max_ttl_ms: 3_600_000,
             max_wait_ms: 30_000,
             proxy_prefix: String::new(),
+            api_tokens_file: String::new(),
+            api_tokens_reload_interval_ms: 10_000,
             warn_held_fraction: 0.8,
             sweep_interval_ms: 60_000,
             retention_ms: 3_600_000,
@@ -407,6 +417,18 @@ impl Config {
                 l.proxy_prefix
             ));
         }
+        if !l.proxy_prefix.is_empty() && l.api_tokens_file.is_empty() {
+            return invalid(format!(
+                "locks.proxy_prefix {:?} needs locks.api_tokens_file: without bearer tokens it would \
+                 hand every client of the public API every lock",
+                l.proxy_prefix
+            ));
+        }
+        if l.api_tokens_reload_interval_ms == 0 {
+            return invalid("locks.api_tokens_reload_interval_ms must be > 0".into());
+        }
+        let api_tokens_file =
+            (!l.api_tokens_file.is_empty()).then(|| PathBuf::from(&l.api_tokens_file));
         let level = self.log.level.clone();
         if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
             return invalid(format!(
@@ -427,6 +449,21 @@ impl Config {
             "server.admin_key_file",
             &s.admin_key_file,
         )?;
+        let admin_client_ca = if s.admin_client_ca_file.is_empty() {
+            None
+        } else {
+            if admin_tls.is_none() {
+                return invalid(
+                    "server.admin_client_ca_file needs admin TLS (server.admin_cert_file and \
+                     server.admin_key_file): client certificates are asked for in a TLS handshake"
+                        .into(),
+                );
+            }
+            let ca = PathBuf::from(&s.admin_client_ca_file);
+            crate::tls::client_verifier(&ca)
+                .map_err(|e| ConfigError::Invalid(format!("server.admin_client_ca_file: {e}")))?;
+            Some(ca)
+        };
         if s.tls_reload_interval_ms == 0 {
             return invalid("server.tls_reload_interval_ms must be > 0".into());
         }
@@ -445,6 +482,8 @@ impl Config {
             upstream_ca,
             proxy_tls,
             admin_tls,
+            admin_client_ca,
+            api_tokens_file,
             resources,
             config: self,
         })
@@ -463,6 +502,11 @@ pub struct Validated {
     /// Certificate files of the proxy and admin listeners (checked to load).
     pub proxy_tls: Option<CertFiles>,
     pub admin_tls: Option<CertFiles>,
+    /// Client certificates of the admin listener must chain to these CAs.
+    pub admin_client_ca: Option<PathBuf>,
+    /// Bearer tokens of the lock API; the binary checks the file loads
+    /// (it is the lock wing's format, not the config's).
+    pub api_tokens_file: Option<PathBuf>,
     pub resources: ResourceMap,
 }
 
@@ -658,6 +702,10 @@ mod tests {
             ("[locks]\nmin_ttl_ms = 10\nmax_ttl_ms = 5\n", "min_ttl_ms"),
             ("[locks]\ndefault_ttl_ms = 1\n", "default_ttl_ms"),
             ("[locks]\nproxy_prefix = \"x\"\n", "proxy_prefix"),
+            (
+                "[locks]\nproxy_prefix = \"/_lockstep\"\n",
+                "locks.proxy_prefix \"/_lockstep\" needs locks.api_tokens_file",
+            ),
             ("[log]\nformat = \"xml\"\n", "format"),
             ("[[resources]]\npattern = \"articles/{id}\"\n", "pattern"),
             ("[[resources]]\npattern = \"/a/{id\"\n", "pattern"),

@@ -5,11 +5,13 @@
 
 use crate::resources::PathError;
 
-/// A lock as shown in a conflict: who holds it and until when.
+/// A lock as shown in a conflict: who holds it and until when. Never the
+/// owner itself (the holder's secret): its fingerprint and public label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldLock {
     pub resource: String,
-    pub owner: String,
+    pub owner_fingerprint: String,
+    pub label: Option<String>,
     pub fencing_token: i64,
     pub acquired_at_ms: i64,
     pub expires_at_ms: i64,
@@ -45,6 +47,10 @@ pub enum Error {
     NotFound(String),
     #[error("{0}")]
     Forbidden(String),
+    /// No bearer token, or one that is not accepted; `invalid_token` when
+    /// one was presented (RFC 6750 `error="invalid_token"`).
+    #[error("{detail}")]
+    Unauthorized { detail: String, invalid_token: bool },
     #[error("{0}")]
     MethodNotAllowed(&'static str),
     #[error("lock {} is held by another owner until it expires or is released", .0.resource)]

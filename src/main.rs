@@ -61,10 +61,19 @@ const EXIT_CONFIG: u8 = 64;
 
 fn load(path: PathBuf, explicit: bool, flags: &FlagOverrides) -> Result<Validated, ExitCode> {
     let source = ConfigSource { path, explicit };
-    Config::load(&source, std::env::vars(), flags).map_err(|e| {
+    let validated = Config::load(&source, std::env::vars(), flags).map_err(|e| {
         eprintln!("lockstep: {e}");
         ExitCode::from(EXIT_CONFIG)
-    })
+    })?;
+    // A tokens file that does not load is a configuration error too: the
+    // lock API would otherwise refuse every caller.
+    if let Some(path) = &validated.api_tokens_file {
+        if let Err(e) = lockstep::locks::auth::ApiTokens::load(path) {
+            eprintln!("lockstep: invalid configuration: locks.api_tokens_file: {e}");
+            return Err(ExitCode::from(EXIT_CONFIG));
+        }
+    }
+    Ok(validated)
 }
 
 fn explicit(path: &std::path::Path) -> bool {

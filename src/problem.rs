@@ -137,6 +137,20 @@ impl From<&Error> for Problem {
             ),
             Error::NotFound(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             Error::Forbidden(_) => Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail),
+            Error::Unauthorized { invalid_token, .. } => Problem::new(
+                S::UNAUTHORIZED,
+                "unauthorized",
+                "Unauthorized",
+                detail,
+            )
+            .header(
+                header::WWW_AUTHENTICATE,
+                if *invalid_token {
+                    r#"Bearer realm="lockstep", error="invalid_token""#.to_string()
+                } else {
+                    r#"Bearer realm="lockstep""#.to_string()
+                },
+            ),
             Error::MethodNotAllowed(allow) => Problem::new(
                 S::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -147,7 +161,8 @@ impl From<&Error> for Problem {
             Error::LockHeld(held) => Problem::new(S::CONFLICT, "lock-held", "Lock held", detail)
                 .ext("acquired", json!(false))
                 .ext("resource", json!(held.resource))
-                .ext("owner", json!(held.owner))
+                .ext("owner_fingerprint", json!(held.owner_fingerprint))
+                .ext("label", json!(held.label))
                 .ext("fencing_token", json!(held.fencing_token))
                 .ext("acquired_at", json!(rfc3339_ms(held.acquired_at_ms)))
                 .ext("expires_at", json!(rfc3339_ms(held.expires_at_ms)))
@@ -270,11 +285,20 @@ mod tests {
             ),
             (Error::NotFound("x".into()), 404, "not-found"),
             (Error::Forbidden("x".into()), 403, "forbidden"),
+            (
+                Error::Unauthorized {
+                    detail: "x".into(),
+                    invalid_token: false,
+                },
+                401,
+                "unauthorized",
+            ),
             (Error::MethodNotAllowed("GET"), 405, "method-not-allowed"),
             (
                 Error::LockHeld(Box::new(HeldLock {
                     resource: "r".into(),
-                    owner: "o".into(),
+                    owner_fingerprint: "0123456789abcdef".into(),
+                    label: None,
                     fencing_token: 1,
                     acquired_at_ms: 0,
                     expires_at_ms: 0,

@@ -14,6 +14,11 @@
 //! open connection keeps going untouched. [`watch`] reloads on SIGHUP and
 //! whenever the files' bytes change; a pair that does not load (a half-written
 //! rotation, a key that does not match) is logged and the old one kept.
+//!
+//! The admin listener can also demand a client certificate signed by a CA
+//! of the operator's ([`client_verifier`], `server.admin_client_ca_file`):
+//! then only holders of such a certificate reach the lock API, metrics and
+//! probes at all, whatever the network lets through.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -23,7 +28,8 @@ use std::time::Duration;
 use rustls::crypto::ring::sign::any_supported_type;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_util::sync::CancellationToken;
@@ -166,14 +172,21 @@ impl ReloadingCert {
     }
 
     /// A rustls server config serving this certificate, offering HTTP/2
-    /// and HTTP/1.1 by ALPN.
-    pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>, TlsError> {
-        let mut config =
+    /// and HTTP/1.1 by ALPN; with `client_ca`, only to clients presenting a
+    /// certificate signed by one of its CAs.
+    pub fn server_config(
+        self: &Arc<Self>,
+        client_ca: Option<&Path>,
+    ) -> Result<Arc<ServerConfig>, TlsError> {
+        let builder =
             ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
-                .map_err(|e| TlsError::Rustls(e.to_string()))?
-                .with_no_client_auth()
-                .with_cert_resolver(self.clone());
+                .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        let builder = match client_ca {
+            Some(path) => builder.with_client_cert_verifier(client_verifier(path)?),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
@@ -244,6 +257,25 @@ pub fn watch(
             }
         }
     }
+}
+
+/// A verifier accepting only client certificates that chain to a CA in
+/// `ca_file` (PEM, one or more certificates); anonymous clients are refused
+/// in the handshake.
+pub fn client_verifier(ca_file: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(ca_file, &read(ca_file)?)? {
+        roots.add(cert).map_err(|e| TlsError::Pem {
+            path: ca_file.to_path_buf(),
+            message: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .map_err(|e| TlsError::Rustls(format!("{}: {e}", ca_file.display())))
 }
 
 /// The client config for `https://` upstreams: trusts only the CAs in

@@ -113,6 +113,36 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// The bearer token of [`with_test_secrets`]'s tokens file.
+const TEST_TOKEN: &str = "chart-test-token-3c9a";
+
+/// `toml` with the files the chart mounts from Secrets (TLS pair, admin
+/// client CA, lock API tokens) replaced by test files in `dir`: one
+/// self-signed certificate (also the CA) and a tokens file holding
+/// [`TEST_TOKEN`]. The real ones exist only in the Pod.
+fn with_test_secrets(toml: &str, dir: &Path) -> String {
+    let pair = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = dir.join("tls.crt");
+    let key = dir.join("tls.key");
+    let tokens = dir.join("tokens");
+    std::fs::write(&cert, pair.cert.pem()).unwrap();
+    std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
+    std::fs::write(&tokens, format!("# test\n{TEST_TOKEN}\n")).unwrap();
+    toml.lines()
+        .map(|line| {
+            let file = match line.split_once(" = ").map(|(k, _)| k) {
+                Some("cert_file" | "admin_cert_file" | "admin_client_ca_file") => &cert,
+                Some("key_file" | "admin_key_file") => &key,
+                Some("api_tokens_file") => &tokens,
+                _ => return line.to_owned(),
+            };
+            let (name, _) = line.split_once(" = ").unwrap();
+            format!("{name} = {:?}", file.display().to_string())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Writes `toml` to a temp file and runs `lockstep check-config` on it.
 fn check_toml(toml: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
@@ -132,6 +162,8 @@ fn every_config_the_chart_renders_passes_check_config() {
         let Some(toml) = lockstep_toml(&docs) else {
             continue;
         };
+        let secrets = tempfile::tempdir().unwrap();
+        let toml = with_test_secrets(&toml, secrets.path());
         let output = check_toml(&toml);
         assert!(
             output.status.success(),
@@ -202,7 +234,7 @@ async fn sqlite_values_start_lockstep_with_their_settings() {
     let (lockstep, _backend, _data) = serve_rendered_config(&helm, Some(&values)).await;
     let client = Client::new();
     // ci/sqlite-single.yaml sets require_precondition = true and
-    // conflict_status = 412, and mounts the lock API under /_lockstep.
+    // conflict_status = 412.
     let unconditional = client
         .patch(lockstep.proxy_url_for("/articles/1"), json!({"title": "x"}))
         .send()
@@ -216,13 +248,111 @@ async fn sqlite_values_start_lockstep_with_their_settings() {
     assert_eq!(stale.status, 412, "{stale:?}");
     let lock = client
         .post(
-            lockstep.proxy_url_for("/_lockstep/locks/job:1"),
+            lockstep.admin_url_for("/locks/job:1"),
             json!({"owner": "chart", "ttl_ms": 5000}),
         )
         .send()
         .await;
     assert_eq!(lock.status, 200, "{lock:?}");
     assert_eq!(lock.json()["acquired"], true, "{lock:?}");
+}
+
+/// The volume mount of `name` in the lockstep container.
+fn lockstep_mount<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} mount in {container}"))
+}
+
+#[tokio::test]
+async fn guarded_lock_values_mount_the_secrets_and_lockstep_enforces_the_tokens() {
+    let Some(helm) = helm() else { return };
+    let values = chart().join("ci/locks-guarded.yaml");
+    let docs = rendered(&helm, Some(&values), &[]);
+    let toml = lockstep_toml(&docs).unwrap();
+    for line in [
+        "admin_client_ca_file = \"/etc/lockstep/admin-client-ca/ca.pem\"",
+        "api_tokens_file = \"/etc/lockstep/lock-tokens/tokens\"",
+        "proxy_prefix = \"/_lockstep\"",
+    ] {
+        assert!(toml.contains(line), "no {line:?} in\n{toml}");
+    }
+    let pod = &of_kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    let volumes = pod["volumes"].as_array().unwrap();
+    for (volume, secret) in [
+        ("lockstep-lock-tokens", "orders-lock-tokens"),
+        ("lockstep-admin-client-ca", "orders-lock-clients-ca"),
+    ] {
+        let v = volumes
+            .iter()
+            .find(|v| v["name"] == volume)
+            .unwrap_or_else(|| panic!("no {volume} volume: {volumes:?}"));
+        assert_eq!(v["secret"]["secretName"], secret, "{v}");
+    }
+    let container = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "lockstep")
+        .unwrap();
+    let tokens = lockstep_mount(container, "lockstep-lock-tokens");
+    assert_eq!(tokens["mountPath"], "/etc/lockstep/lock-tokens");
+    // A subPath mount is never updated: rotation needs the whole Secret.
+    assert!(tokens.get("subPath").is_none(), "{tokens}");
+    assert_eq!(
+        lockstep_mount(container, "lockstep-admin-client-ca")["mountPath"],
+        "/etc/lockstep/admin-client-ca"
+    );
+    // The kubelet has no client certificate: TCP probes.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert!(
+            container[probe]["tcpSocket"].is_object(),
+            "{probe}: {}",
+            container[probe]
+        );
+    }
+
+    // The rendered config, with test files for the Secrets, passes the
+    // check and serves: the lock API on both listeners wants the token.
+    // TLS is left out of the run (plain HTTP clients); tests/tls.rs covers
+    // client certificates.
+    let secrets = tempfile::tempdir().unwrap();
+    let toml = with_test_secrets(&toml, secrets.path());
+    let output = check_toml(&toml);
+    assert!(output.status.success(), "{}\n{toml}", stderr(&output));
+    let plain: String = toml
+        .lines()
+        .filter(|l| !l.contains("cert_file") && !l.contains("key_file") && !l.contains("ca_file"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let data = tempfile::tempdir().unwrap();
+    let lockstep = Lockstep::builder()
+        .raw_config(plain)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--admin-listen")
+        .arg("127.0.0.1:0")
+        .arg("--database")
+        .arg(format!("sqlite://{}", data.path().join("x.db").display()))
+        .start();
+    let client = Client::new();
+    for url in [
+        lockstep.proxy_url_for("/_lockstep/locks/job:1"),
+        lockstep.admin_url_for("/locks/job:2"),
+    ] {
+        let body = json!({"owner": "chart", "ttl_ms": 5000});
+        let refused = client.post(&url, body.clone()).send().await;
+        assert_eq!(refused.status, 401, "{refused:?}");
+        let lock = client
+            .post(&url, body)
+            .header("authorization", format!("Bearer {TEST_TOKEN}"))
+            .send()
+            .await;
+        assert_eq!(lock.status, 200, "{lock:?}");
+    }
 }
 
 #[test]
@@ -454,6 +584,8 @@ fn chart_values_know_every_config_key_with_its_default() {
         "upstream.url",
         "upstream.ca_file",
         "database.url",
+        "locks.api_tokens_file",
+        "server.admin_client_ca_file",
     ]
     .into_iter()
     .map(String::from)

@@ -16,7 +16,10 @@ use http::Method;
 use serde_json::{json, Value};
 
 use common::{eventually, Backend, Client, Lockstep, Resp};
-use locks_db::{acquire, get, lock_url, release, renew, token, Db, DbKind};
+use locks_db::{
+    acquire, fingerprint, get, get_as, lock_url, release, renew, token, with_tokens, Db, DbKind,
+    TOKEN,
+};
 
 db_tests!(
     acquire_returns_the_lock_and_another_owner_gets_409,
@@ -33,6 +36,7 @@ db_tests!(
     ttl_outside_bounds_or_not_an_integer_is_400,
     bad_owner_or_body_is_400_and_stores_nothing,
     bad_resource_is_400_and_stores_nothing,
+    unknown_body_members_are_400_naming_them,
     malformed_percent_escapes_are_400_on_both_listeners,
     edge_case_resources_work,
     a_unicode_owner_can_release_its_lock,
@@ -93,8 +97,10 @@ fn now_ms() -> i64 {
     .unwrap()
 }
 
-/// A lock record as SPEC describes it: resource, owner, an integer
-/// fencing_token, acquired_at and expires_at (RFC 3339 ms, close to now).
+/// A lock record as the README describes it: resource, the owner's
+/// fingerprint (and the owner itself only where the caller presented it),
+/// an integer fencing_token, acquired_at and expires_at (RFC 3339 ms, close
+/// to now).
 fn check_record(resp: &Resp, resource: &str, owner: &str) -> Value {
     assert_eq!(
         resp.content_type().as_deref(),
@@ -103,7 +109,10 @@ fn check_record(resp: &Resp, resource: &str, owner: &str) -> Value {
     );
     let body = resp.json();
     assert_eq!(body["resource"], resource, "{body}");
-    assert_eq!(body["owner"], owner, "{body}");
+    assert_eq!(body["owner_fingerprint"], fingerprint(owner), "{body}");
+    if let Some(shown) = body.get("owner") {
+        assert_eq!(shown, owner, "{body}");
+    }
     assert!(
         body["fencing_token"].is_u64() && body["fencing_token"].as_u64().unwrap() >= 1,
         "fencing_token must be a positive integer: {body}"
@@ -301,7 +310,7 @@ async fn release_needs_the_holder(db: DbKind) {
     check_problem(&wrong, 403, "forbidden");
     let still = get(&c, &url).await;
     assert_eq!(still.status, 200, "a 403 must not release: {still:?}");
-    assert_eq!(still.json()["owner"], "worker-a");
+    assert_eq!(still.json()["owner_fingerprint"], fingerprint("worker-a"));
 
     let no_header = c.delete(&url).send().await;
     check_bad_request(&no_header, "DELETE without Lock-Owner");
@@ -392,7 +401,7 @@ async fn renew_fails_for_another_owner_an_expired_or_unknown_lock(db: DbKind) {
     let other = renew(&c, &url, "worker-b", 30_000).await;
     assert_eq!(other.status, 409, "{other:?}");
     check_problem(&other, 409, "lock-held");
-    let g = get(&c, &url).await.json();
+    let g = get_as(&c, &url, "worker-a").await.json();
     assert_eq!(g["owner"], "worker-a");
     assert_eq!(
         g["expires_at"],
@@ -658,6 +667,40 @@ async fn bad_owner_or_body_is_400_and_stores_nothing(db: DbKind) {
     assert_eq!(release(&c, &url, &owner).await.status, 204);
 }
 
+/// A misspelt member must not fall back to a default: `{"owner": "a",
+/// "ttl": 5000}` would otherwise get the default TTL, not 5 s.
+async fn unknown_body_members_are_400_naming_them(db: DbKind) {
+    let db = Db::fresh(db).await;
+    let ls = db.lockstep().locks_toml("default_ttl_ms = 30000").start();
+    let c = Client::new();
+    let url = lock_url(&ls, "job:strict");
+    for (body, member) in [
+        (json!({"owner": "a", "ttl": 5000}), "ttl"),
+        (
+            json!({"owner": "a", "ttl_ms": 5000, "wait_ms": 10}),
+            "wait_ms",
+        ),
+        (json!({"owner": "a", "Owner": "b"}), "Owner"),
+    ] {
+        for method in [Method::POST, Method::PATCH] {
+            let r = c.request(method.clone(), &url).json(&body).send().await;
+            let problem = check_problem(&r, 400, "invalid-body");
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(
+                detail.contains(&format!("\"{member}\"")),
+                "{method} {body}: the detail names {member:?}: {detail}"
+            );
+        }
+    }
+    assert_eq!(db.lock_rows().await, 0, "a refused body stored a row");
+    // The known members are all accepted.
+    let r = c
+        .post(&url, json!({"owner": "a", "ttl_ms": 5000, "label": "l"}))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 async fn bad_resource_is_400_and_stores_nothing(db: DbKind) {
     let db = Db::fresh(db).await;
     let ls = db.lockstep().start();
@@ -700,12 +743,12 @@ async fn bad_resource_is_400_and_stores_nothing(db: DbKind) {
 async fn malformed_percent_escapes_are_400_on_both_listeners(db: DbKind) {
     let db = Db::fresh(db).await;
     let backend = Backend::start();
-    let ls = db
-        .lockstep()
+    let tokens = tempfile::tempdir().unwrap();
+    let ls = with_tokens(db.lockstep(), tokens.path())
         .upstream(backend.url())
         .locks_toml(r#"proxy_prefix = "/_lockstep""#)
         .start();
-    let c = Client::new();
+    let c = Client::new().with_bearer(TOKEN);
     let malformed = [
         ("%zz", "job%zz"),
         ("%4 at the end", "job%4"),
@@ -861,7 +904,11 @@ async fn logs_show_acquire_conflict_renew_release(db: DbKind) {
     assert_eq!(release(&c, &url, "worker-a").await.status, 204);
 
     let line = wait_event(&ls, "acquire", "job:logged").await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     assert!(
         field(&line, "wait_ms").is_u64(),
         "acquire carries wait_ms: {line}"
@@ -871,15 +918,23 @@ async fn logs_show_acquire_conflict_renew_release(db: DbKind) {
     let line = wait_event(&ls, "conflict", "job:logged").await;
     let fields = line.get("fields").unwrap_or(&line).to_string();
     assert!(
-        fields.contains("\"worker-b\"") && fields.contains("\"worker-a\""),
-        "the conflict names who asked and who holds: {line}"
+        fields.contains(&fingerprint("worker-b")) && fields.contains(&fingerprint("worker-a")),
+        "the conflict names who asked and who holds, by fingerprint: {line}"
     );
 
     let line = wait_event(&ls, "renew", "job:logged").await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
 
     let line = wait_event(&ls, "release", "job:logged").await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     let held = field(&line, "held_ms")
         .as_i64()
         .unwrap_or_else(|| panic!("release without an integer held_ms: {line}"));
@@ -909,7 +964,11 @@ async fn late_release_and_renew_log_warnings(db: DbKind) {
                 && field(l, "resource") == "job:late-release"
         })
         .await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     assert!(
         field(&line, "event")
             .as_str()
@@ -928,7 +987,11 @@ async fn late_release_and_renew_log_warnings(db: DbKind) {
                 && field(l, "resource") == "job:late-renew"
         })
         .await;
-    assert_eq!(field(&line, "owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     assert!(
         field(&line, "event")
             .as_str()
@@ -948,8 +1011,16 @@ async fn reclaim_is_logged_with_the_previous_owner(db: DbKind) {
     assert_eq!(acquire(&c, &url, "worker-b", 1000).await.status, 200);
 
     let line = wait_event(&ls, "reclaim", "job:reclaimed").await;
-    assert_eq!(field(&line, "owner"), "worker-b", "{line}");
-    assert_eq!(field(&line, "previous_owner"), "worker-a", "{line}");
+    assert_eq!(
+        field(&line, "owner_fingerprint"),
+        fingerprint("worker-b").as_str(),
+        "{line}"
+    );
+    assert_eq!(
+        field(&line, "previous_owner_fingerprint"),
+        fingerprint("worker-a").as_str(),
+        "{line}"
+    );
     let expired_for = field(&line, "expired_for_ms")
         .as_i64()
         .unwrap_or_else(|| panic!("reclaim without expired_for_ms: {line}"));
@@ -992,12 +1063,12 @@ async fn release_after_most_of_the_ttl_warns(db: DbKind) {
 async fn proxy_prefix_serves_the_lock_api(db: DbKind) {
     let db = Db::fresh(db).await;
     let backend = Backend::start();
-    let ls = db
-        .lockstep()
+    let tokens = tempfile::tempdir().unwrap();
+    let ls = with_tokens(db.lockstep(), tokens.path())
         .upstream(backend.url())
         .locks_toml(r#"proxy_prefix = "/_lockstep""#)
         .start();
-    let c = Client::new();
+    let c = Client::new().with_bearer(TOKEN);
     let url = ls.proxy_url_for("/_lockstep/locks/x");
 
     let r = acquire(&c, &url, "worker-a", 30_000).await;
@@ -1028,7 +1099,10 @@ async fn proxy_prefix_serves_the_lock_api(db: DbKind) {
             .starts_with("/_lockstep/locks")),
         "lock calls leaked to the backend: {log:?}"
     );
-    let other = c.get(ls.proxy_url_for("/_lockstep/other")).send().await;
+    let other = Client::new()
+        .get(ls.proxy_url_for("/_lockstep/other"))
+        .send()
+        .await;
     assert_eq!(other.status, 404, "{other:?}");
     assert_eq!(backend.log_for("/_lockstep/other").await.len(), 1);
 }

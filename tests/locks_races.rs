@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::sync::Barrier;
 
 use common::{Client, Lockstep, Resp};
-use locks_db::{acquire, lock_url, release, token, Db, DbKind};
+use locks_db::{acquire, fingerprint, lock_url, release, token, Db, DbKind};
 
 replica_tests!(
     fifty_acquirers_across_two_replicas_have_one_winner,
@@ -114,7 +114,7 @@ async fn fifty_concurrent_acquirers_have_one_winner(db: DbKind) {
         let lock = one_winner(&results);
         let g = c.get(&url).send().await;
         assert_eq!(g.status, 200, "{g:?}");
-        assert_eq!(g.json()["owner"], lock["owner"]);
+        assert_eq!(g.json()["owner_fingerprint"], lock["owner_fingerprint"]);
         assert_eq!(g.json()["fencing_token"], lock["fencing_token"]);
     }
 }
@@ -223,7 +223,10 @@ async fn wait_ends_with_409_after_the_bound(db: DbKind) {
         elapsed >= Duration::from_millis(350) && elapsed < Duration::from_millis(2000),
         "a 400 ms wait took {elapsed:?}"
     );
-    assert_eq!(c.get(&url).send().await.json()["owner"], "a");
+    assert_eq!(
+        c.get(&url).send().await.json()["owner_fingerprint"],
+        fingerprint("a")
+    );
 }
 
 async fn wait_returns_soon_after_the_holder_expires(db: DbKind) {
@@ -323,7 +326,11 @@ async fn waiters_take_turns_without_overlap(db: DbKind) {
             let got = Instant::now();
             let lock = r.json();
             let g = c.get(&url).send().await;
-            assert_eq!(g.json()["owner"], owner.as_str(), "while {owner} holds it");
+            assert_eq!(
+                g.json()["owner_fingerprint"],
+                fingerprint(&owner),
+                "while {owner} holds it"
+            );
             tokio::time::sleep(Duration::from_millis(30)).await;
             let done = Instant::now();
             assert_eq!(release(&c, &url, &owner).await.status, 204, "{owner}");

@@ -322,7 +322,11 @@ async fn postgres_restart_fails_closed_then_recovers_without_restart() {
     );
     assert_eq!(write.etag().as_deref(), Some("\"3\""));
 
-    let held = c.get(lockstep.admin_url_for("/locks/job:1")).send().await;
+    let held = c
+        .get(lockstep.admin_url_for("/locks/job:1"))
+        .header("lock-owner", "a")
+        .send()
+        .await;
     assert_eq!(
         held.status,
         200,

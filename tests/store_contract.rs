@@ -285,17 +285,27 @@ fn granted(a: Acquire) -> (lockstep::store::LockRecord, GrantKind) {
 }
 
 async fn acquire_refresh_conflict_release(s: Arc<dyn Store>) {
-    let (first, kind) = granted(s.acquire("job:42", "a", LONG).await.unwrap());
+    let (first, kind) = granted(
+        s.acquire("job:42", "a", Some("nightly report"), LONG)
+            .await
+            .unwrap(),
+    );
     assert_eq!(kind, GrantKind::New);
+    assert_eq!(first.label.as_deref(), Some("nightly report"));
     assert!(first.expires_at_ms - first.acquired_at_ms >= 29_000);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let (again, kind) = granted(s.acquire("job:42", "a", LONG).await.unwrap());
+    let (again, kind) = granted(s.acquire("job:42", "a", None, LONG).await.unwrap());
     assert_eq!(kind, GrantKind::Refreshed);
     assert_eq!(again.acquired_at_ms, first.acquired_at_ms);
     assert_eq!(again.fencing_token, first.fencing_token);
     assert!(again.expires_at_ms > first.expires_at_ms);
-    match s.acquire("job:42", "b", LONG).await.unwrap() {
-        Acquire::Held(h) => assert_eq!(h.owner, "a"),
+    // A refresh without a label keeps the one the lock has.
+    assert_eq!(again.label.as_deref(), Some("nightly report"));
+    match s.acquire("job:42", "b", Some("other"), LONG).await.unwrap() {
+        Acquire::Held(h) => {
+            assert_eq!(h.owner, "a");
+            assert_eq!(h.label.as_deref(), Some("nightly report"));
+        }
         other => panic!("{other:?}"),
     }
     assert!(matches!(
@@ -311,20 +321,22 @@ async fn acquire_refresh_conflict_release(s: Arc<dyn Store>) {
         s.release("job:42", "a").await.unwrap(),
         LockChange::Missing { expired: None }
     ));
-    let (next, kind) = granted(s.acquire("job:42", "b", LONG).await.unwrap());
+    let (next, kind) = granted(s.acquire("job:42", "b", None, LONG).await.unwrap());
     assert_eq!(kind, GrantKind::New);
     assert!(next.fencing_token > first.fencing_token);
+    // A new holder's lock carries its own label (here none), never the last one's.
+    assert_eq!(next.label, None);
 }
 
 async fn expired_lock_is_reclaimed_with_a_larger_token(s: Arc<dyn Store>) {
     let (first, _) = granted(
-        s.acquire("r", "a", Duration::from_millis(50))
+        s.acquire("r", "a", None, Duration::from_millis(50))
             .await
             .unwrap(),
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(s.get("r").await.unwrap(), None, "expired counts as absent");
-    let (second, kind) = granted(s.acquire("r", "b", LONG).await.unwrap());
+    let (second, kind) = granted(s.acquire("r", "b", None, LONG).await.unwrap());
     match kind {
         GrantKind::Reclaimed {
             previous_owner,
@@ -345,7 +357,7 @@ async fn renew_needs_a_live_own_lock(s: Arc<dyn Store>) {
         LockChange::Missing { expired: None }
     ));
     let (first, _) = granted(
-        s.acquire("r", "a", Duration::from_millis(1000))
+        s.acquire("r", "a", None, Duration::from_millis(1000))
             .await
             .unwrap(),
     );
@@ -361,7 +373,7 @@ async fn renew_needs_a_live_own_lock(s: Arc<dyn Store>) {
         LockChange::OtherOwner(_)
     ));
     let (_, _) = granted(
-        s.acquire("r2", "a", Duration::from_millis(50))
+        s.acquire("r2", "a", None, Duration::from_millis(50))
             .await
             .unwrap(),
     );
@@ -375,7 +387,7 @@ async fn renew_needs_a_live_own_lock(s: Arc<dyn Store>) {
 async fn sweeping_keeps_fencing_tokens_increasing(s: Arc<dyn Store>) {
     let mut last = 0;
     for _ in 0..3 {
-        let (l, _) = granted(s.acquire("swept", "a", LONG).await.unwrap());
+        let (l, _) = granted(s.acquire("swept", "a", None, LONG).await.unwrap());
         assert!(l.fencing_token > last);
         last = l.fencing_token;
         s.release("swept", "a").await.unwrap();
@@ -383,7 +395,7 @@ async fn sweeping_keeps_fencing_tokens_increasing(s: Arc<dyn Store>) {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(s.sweep(Duration::from_millis(1), 100).await.unwrap(), 1);
     assert_eq!(s.sweep(Duration::from_millis(1), 100).await.unwrap(), 0);
-    let (l, kind) = granted(s.acquire("swept", "b", LONG).await.unwrap());
+    let (l, kind) = granted(s.acquire("swept", "b", None, LONG).await.unwrap());
     assert_eq!(kind, GrantKind::New);
     assert!(l.fencing_token > last, "{} after {last}", l.fencing_token);
 }
@@ -393,7 +405,7 @@ async fn fifty_concurrent_acquirers_have_one_winner(s: Arc<dyn Store>) {
         .map(|i| {
             let s = s.clone();
             tokio::spawn(async move {
-                s.acquire("contended", &format!("w{i}"), LONG)
+                s.acquire("contended", &format!("w{i}"), None, LONG)
                     .await
                     .unwrap()
             })

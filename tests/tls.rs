@@ -2,7 +2,9 @@
 //! HTTP/2 by ALPN) to both listeners, lockstep talks HTTPS to a TLS backend
 //! verified against `upstream.ca_file`, an untrusted backend is a 502 that
 //! never reaches it, and certificates rotate under a running lockstep
-//! (SIGHUP or a file change) without dropping open connections.
+//! (SIGHUP or a file change) without dropping open connections. With
+//! `server.admin_client_ca_file` the admin listener talks only to clients
+//! holding a certificate from that CA.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,7 +23,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::RootCertStore;
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -461,6 +464,106 @@ async fn sighup_without_tls_does_not_stop_lockstep() {
     assert_eq!(resp.status, StatusCode::OK);
 }
 
+/// `GET path` on `addr` over TLS trusting `roots`, presenting the client
+/// certificate in `client` (cert file, key file) if any. `Err` when the
+/// handshake or the request fails: with TLS 1.3 a refused client
+/// certificate surfaces at the first read, not in `connect`.
+async fn get_with_client_cert(
+    addr: SocketAddr,
+    roots: RootCertStore,
+    client: Option<(&Path, &Path)>,
+    path: &str,
+) -> Result<StatusCode, String> {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(key).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| format!("http handshake: {e}"))?;
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header("host", "127.0.0.1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .map_err(|_| "no answer within 10 s".to_string())?
+        .map_err(|e| format!("request: {e}"))?;
+    Ok(resp.status())
+}
+
+#[tokio::test]
+async fn the_admin_listener_talks_only_to_clients_with_a_certificate_from_its_ca() {
+    let pki = Pki::new();
+    let (admin_cert, admin_key, _) = pki.issue("lockstep-admin");
+    let (client_cert, client_key, _) = pki.issue("lock-client");
+    let rogue_ca = Pki::new();
+    let (rogue_cert, rogue_key, _) = rogue_ca.issue("lock-client");
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml(&format!(
+            "admin_cert_file = {}
+admin_key_file = {}
+admin_client_ca_file = {}",
+            toml_path(&admin_cert),
+            toml_path(&admin_key),
+            toml_path(&pki.ca_file())
+        ))
+        .start();
+    let admin = lockstep.admin_addr();
+
+    for path in ["/healthz", "/locks/job:1"] {
+        let anonymous = get_with_client_cert(admin, pki.roots(), None, path).await;
+        assert!(
+            anonymous.is_err(),
+            "{path} without a client certificate: {anonymous:?}"
+        );
+        let rogue =
+            get_with_client_cert(admin, pki.roots(), Some((&rogue_cert, &rogue_key)), path).await;
+        assert!(
+            rogue.is_err(),
+            "{path} with a certificate from another CA: {rogue:?}"
+        );
+    }
+    let good = Some((client_cert.as_path(), client_key.as_path()));
+    let health = get_with_client_cert(admin, pki.roots(), good, "/healthz").await;
+    assert_eq!(health, Ok(StatusCode::OK));
+    let lock = get_with_client_cert(admin, pki.roots(), good, "/locks/job:1").await;
+    assert_eq!(lock, Ok(StatusCode::NOT_FOUND), "no lock yet, but answered");
+
+    // The proxy listener is not the admin listener's business.
+    let passthrough = plain_get(lockstep.proxy_addr(), "/echo/plain").await;
+    assert!(passthrough.starts_with("HTTP/1.1 200"), "{passthrough}");
+}
+
+async fn plain_get(addr: SocketAddr, path: &str) -> String {
+    raw_http1(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+    )
+    .await
+}
+
 #[test]
 fn check_config_refuses_incomplete_unreadable_and_mismatched_certificates() {
     let pki = Pki::new();
@@ -507,6 +610,22 @@ fn check_config_refuses_incomplete_unreadable_and_mismatched_certificates() {
             ),
             "upstream.ca_file",
         ),
+        (
+            format!(
+                "[server]\nadmin_client_ca_file = {}\n",
+                toml_path(&pki.ca_file())
+            ),
+            "server.admin_client_ca_file needs admin TLS",
+        ),
+        (
+            format!(
+                "[server]\nadmin_cert_file = {}\nadmin_key_file = {}\nadmin_client_ca_file = {}\n",
+                toml_path(&cert),
+                toml_path(&key),
+                toml_path(&missing)
+            ),
+            "server.admin_client_ca_file: cannot read",
+        ),
     ];
     for (text, expected) in cases {
         let (out, _dir) = check_config_text(&text);
@@ -518,9 +637,13 @@ fn check_config_refuses_incomplete_unreadable_and_mismatched_certificates() {
         );
     }
     let (out, _dir) = check_config_text(&format!(
-        "[server]\ncert_file = {}\nkey_file = {}\n[upstream]\nurl = \"https://127.0.0.1:1\"\nca_file = {}\n",
+        "[server]\ncert_file = {}\nkey_file = {}\nadmin_cert_file = {}\nadmin_key_file = {}\n\
+         admin_client_ca_file = {}\n[upstream]\nurl = \"https://127.0.0.1:1\"\nca_file = {}\n",
         toml_path(&cert),
         toml_path(&key),
+        toml_path(&cert),
+        toml_path(&key),
+        toml_path(&pki.ca_file()),
         toml_path(&pki.ca_file())
     ));
     assert!(

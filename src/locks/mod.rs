@@ -6,6 +6,17 @@
 //! waits when asked to, shapes responses and writes the log lines that prove
 //! who held what (target `lockstep::locks`), plus one access line per call
 //! (target `lockstep::request`).
+//!
+//! The owner is the holder's secret: whoever knows it can release or renew
+//! the lock. So it is shown only to a caller that sent it (the acquire or
+//! renew body, a `GET` with the matching `Lock-Owner` header). Everyone else
+//! (conflicts, 403s, plain `GET`s, every log line) sees the owner's
+//! fingerprint and the public label the holder chose.
+//!
+//! Callers themselves are checked first, when `locks.api_tokens_file` is
+//! set ([`auth`]).
+
+pub mod auth;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +28,8 @@ use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
@@ -27,7 +40,7 @@ use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
 use crate::timefmt::rfc3339_ms;
 
-/// Longest resource name and owner, in bytes.
+/// Longest resource name, owner and label, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
 /// Largest lock request body.
 const MAX_LOCK_BODY: u64 = 16 * 1024;
@@ -52,20 +65,32 @@ pub struct Locks {
     store: Arc<dyn Store>,
     settings: Arc<Settings>,
     metrics: LockMetrics,
+    /// When set, every call needs one of these bearer tokens.
+    tokens: Option<Arc<auth::ApiTokens>>,
 }
+
+/// The members a lock request body may have.
+const LOCK_BODY_MEMBERS: [&str; 3] = ["owner", "ttl_ms", "label"];
 
 #[derive(Debug, Deserialize)]
 struct LockBody {
     owner: Option<serde_json::Value>,
     ttl_ms: Option<serde_json::Value>,
+    label: Option<serde_json::Value>,
 }
 
 impl Locks {
-    pub fn new(store: Arc<dyn Store>, settings: Settings, metrics: LockMetrics) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        settings: Settings,
+        metrics: LockMetrics,
+        tokens: Option<Arc<auth::ApiTokens>>,
+    ) -> Self {
         Self {
             store,
             settings: Arc::new(settings),
             metrics,
+            tokens,
         }
     }
 
@@ -75,12 +100,16 @@ impl Locks {
         let started = Instant::now();
         let method = req.method().clone();
         let uri = req.uri().clone();
-        let (resource, result) = match parse_resource(raw_resource) {
+        let authorized = match &self.tokens {
+            Some(tokens) => tokens.check(req.headers()),
+            None => Ok(()),
+        };
+        let (resource, result) = match authorized.and_then(|()| parse_resource(raw_resource)) {
             Err(e) => (None, Err(e)),
             Ok(resource) => {
                 let result = match method {
                     Method::POST => self.acquire(req, &resource, started).await,
-                    Method::GET | Method::HEAD => self.get(&resource).await,
+                    Method::GET | Method::HEAD => self.get(&req, &resource).await,
                     Method::DELETE => self.release(req, &resource).await,
                     Method::PATCH => self.renew(req, &resource).await,
                     _ => Err(Error::MethodNotAllowed("GET, HEAD, POST, PATCH, DELETE")),
@@ -122,12 +151,18 @@ impl Locks {
         let wait = self.wait_of(req.uri().query())?;
         let body = read_body(req).await?;
         let owner = owner_of(&body)?;
+        let label = label_of(&body)?;
         let ttl = self.ttl_of(&body)?;
+        let fingerprint = owner_fingerprint(&owner);
         let deadline = started + wait;
         let mut waiter = self.store.wakeups().subscribe(Topic::Lock, resource);
         let mut backoff = Duration::from_millis(10);
         loop {
-            match self.store.acquire(resource, &owner, ttl).await? {
+            match self
+                .store
+                .acquire(resource, &owner, label.as_deref(), ttl)
+                .await?
+            {
                 Acquire::Granted { lock, kind } => {
                     let waited_ms = started.elapsed().as_millis() as u64;
                     self.metrics.acquired(match &kind {
@@ -142,7 +177,9 @@ impl Locks {
                         } => tracing::info!(
                             target: "lockstep::locks",
                             event = "reclaim",
-                            resource, owner = %owner, previous_owner = %previous_owner,
+                            resource, owner_fingerprint = %fingerprint,
+                            label = lock.label.as_deref(),
+                            previous_owner_fingerprint = %owner_fingerprint(previous_owner),
                             expired_for_ms, fencing_token = lock.fencing_token,
                             ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
                             "lock reclaimed from an expired holder"
@@ -150,19 +187,21 @@ impl Locks {
                         GrantKind::Refreshed => tracing::info!(
                             target: "lockstep::locks",
                             event = "refresh",
-                            resource, owner = %owner, fencing_token = lock.fencing_token,
+                            resource, owner_fingerprint = %fingerprint,
+                            label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                             ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
                             "lock re-acquired by its holder"
                         ),
                         GrantKind::New => tracing::info!(
                             target: "lockstep::locks",
                             event = "acquire",
-                            resource, owner = %owner, fencing_token = lock.fencing_token,
+                            resource, owner_fingerprint = %fingerprint,
+                            label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                             ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
                             "lock acquired"
                         ),
                     }
-                    return Ok(lock_response(StatusCode::OK, &lock, Some(true)));
+                    return Ok(lock_response(StatusCode::OK, &lock, Some(true), true));
                 }
                 Acquire::Held(holder) => {
                     let now = Instant::now();
@@ -174,7 +213,10 @@ impl Locks {
                         tracing::info!(
                             target: "lockstep::locks",
                             event = "conflict",
-                            resource, owner = %owner, holder = %holder.owner,
+                            resource, owner_fingerprint = %fingerprint,
+                            label = label.as_deref(),
+                            holder_fingerprint = %owner_fingerprint(&holder.owner),
+                            holder_label = holder.label.as_deref(),
                             fencing_token = holder.fencing_token,
                             wait_ms = started.elapsed().as_millis() as u64,
                             "lock held by another owner"
@@ -193,9 +235,16 @@ impl Locks {
         }
     }
 
-    async fn get(&self, resource: &str) -> Result<Response<Body>> {
+    async fn get(&self, req: &Request<Incoming>, resource: &str) -> Result<Response<Body>> {
         match self.store.get(resource).await? {
-            Some(lock) => Ok(lock_response(StatusCode::OK, &lock, None)),
+            Some(lock) => {
+                // A wrong or malformed Lock-Owner is no error: the caller
+                // just is not shown the owner.
+                let presented = req.headers().get("lock-owner").map(HeaderValue::as_bytes);
+                let is_holder =
+                    presented.is_some_and(|p| bool::from(p.ct_eq(lock.owner.as_bytes())));
+                Ok(lock_response(StatusCode::OK, &lock, None, is_holder))
+            }
             None => Err(Error::NotFound(format!("no live lock on {resource:?}"))),
         }
     }
@@ -214,6 +263,7 @@ impl Locks {
             .map_err(|_| Error::InvalidRequest("Lock-Owner must be UTF-8".into()))?
             .to_string();
         check_name("Lock-Owner", &owner)?;
+        let fingerprint = owner_fingerprint(&owner);
         match self.store.release(resource, &owner).await? {
             LockChange::Done(lock) => {
                 let held_ms = lock.now_ms - lock.acquired_at_ms;
@@ -224,7 +274,8 @@ impl Locks {
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "release",
-                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        resource, owner_fingerprint = %fingerprint,
+                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                         held_ms, ttl_ms, held_fraction = fraction,
                         "lock released after holding most of its TTL"
                     );
@@ -232,7 +283,8 @@ impl Locks {
                     tracing::info!(
                         target: "lockstep::locks",
                         event = "release",
-                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        resource, owner_fingerprint = %fingerprint,
+                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                         held_ms,
                         "lock released"
                     );
@@ -242,8 +294,8 @@ impl Locks {
                 Ok(resp)
             }
             LockChange::OtherOwner(lock) => Err(Error::Forbidden(format!(
-                "lock {resource:?} is held by another owner ({:?}); only its holder may release it",
-                lock.owner
+                "lock {resource:?} is held by another owner ({}); only its holder may release it",
+                describe_holder(&lock)
             ))),
             LockChange::Missing { expired } => {
                 if let Some(lock) = expired.filter(|l| l.owner == owner) {
@@ -251,7 +303,8 @@ impl Locks {
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "release-expired",
-                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        resource, owner_fingerprint = %fingerprint,
+                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                         held_ms = lock.now_ms - lock.acquired_at_ms,
                         expired_for_ms = lock.now_ms - lock.expires_at_ms,
                         "lock released after its TTL had expired"
@@ -269,18 +322,25 @@ impl Locks {
     async fn renew(&self, req: Request<Incoming>, resource: &str) -> Result<Response<Body>> {
         let body = read_body(req).await?;
         let owner = owner_of(&body)?;
+        if body.label.is_some() {
+            return Err(Error::InvalidBody(
+                "label is given at acquire (POST); a renew takes only owner and ttl_ms".into(),
+            ));
+        }
         let ttl = self.ttl_of(&body)?;
+        let fingerprint = owner_fingerprint(&owner);
         match self.store.renew(resource, &owner, ttl).await? {
             LockChange::Done(lock) => {
                 self.metrics.renewed();
                 tracing::info!(
                     target: "lockstep::locks",
                     event = "renew",
-                    resource, owner = %owner, fencing_token = lock.fencing_token,
+                    resource, owner_fingerprint = %fingerprint,
+                    label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                     ttl_ms = ttl.as_millis() as u64,
                     "lock renewed"
                 );
-                Ok(lock_response(StatusCode::OK, &lock, None))
+                Ok(lock_response(StatusCode::OK, &lock, None, true))
             }
             LockChange::OtherOwner(lock) => {
                 self.metrics.conflict(LockOp::Renew);
@@ -294,7 +354,8 @@ impl Locks {
                     tracing::warn!(
                         target: "lockstep::locks",
                         event = "renew-expired",
-                        resource, owner = %owner, fencing_token = lock.fencing_token,
+                        resource, owner_fingerprint = %fingerprint,
+                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
                         expired_for_ms = lock.now_ms - lock.expires_at_ms,
                         "renew of a lock whose TTL had expired"
                     );
@@ -385,10 +446,35 @@ fn success_outcome(method: &Method) -> &'static str {
     }
 }
 
+/// The first 16 hex digits of SHA-256 of the owner: tells holders apart in
+/// logs and conflicts without handing anyone the secret that releases the
+/// lock (SHA-256 cannot be run backwards to the owner).
+pub fn owner_fingerprint(owner: &str) -> String {
+    use std::fmt::Write as _;
+    let digest = Sha256::digest(owner.as_bytes());
+    digest
+        .iter()
+        .take(8)
+        .fold(String::with_capacity(16), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// "fingerprint 0123456789abcdef, label \"report-worker\"" for details.
+fn describe_holder(lock: &LockRecord) -> String {
+    let fingerprint = owner_fingerprint(&lock.owner);
+    match &lock.label {
+        Some(label) => format!("fingerprint {fingerprint}, label {label:?}"),
+        None => format!("fingerprint {fingerprint}"),
+    }
+}
+
 fn held(lock: &LockRecord) -> HeldLock {
     HeldLock {
         resource: lock.resource.clone(),
-        owner: lock.owner.clone(),
+        owner_fingerprint: owner_fingerprint(&lock.owner),
+        label: lock.label.clone(),
         fencing_token: lock.fencing_token,
         acquired_at_ms: lock.acquired_at_ms,
         expires_at_ms: lock.expires_at_ms,
@@ -396,13 +482,27 @@ fn held(lock: &LockRecord) -> HeldLock {
     }
 }
 
-fn lock_response(status: StatusCode, lock: &LockRecord, acquired: Option<bool>) -> Response<Body> {
+/// The lock as JSON; `owner` only when `to_holder` (the caller presented
+/// it), the fingerprint and label always.
+fn lock_response(
+    status: StatusCode,
+    lock: &LockRecord,
+    acquired: Option<bool>,
+    to_holder: bool,
+) -> Response<Body> {
     let mut doc = serde_json::Map::new();
     if let Some(a) = acquired {
         doc.insert("acquired".into(), json!(a));
     }
     doc.insert("resource".into(), json!(lock.resource));
-    doc.insert("owner".into(), json!(lock.owner));
+    if to_holder {
+        doc.insert("owner".into(), json!(lock.owner));
+    }
+    doc.insert(
+        "owner_fingerprint".into(),
+        json!(owner_fingerprint(&lock.owner)),
+    );
+    doc.insert("label".into(), json!(lock.label));
     doc.insert("fencing_token".into(), json!(lock.fencing_token));
     doc.insert("acquired_at".into(), json!(rfc3339_ms(lock.acquired_at_ms)));
     doc.insert("expires_at".into(), json!(rfc3339_ms(lock.expires_at_ms)));
@@ -482,10 +582,21 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
     }
     let value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| Error::InvalidBody(format!("the request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
+    let Some(members) = value.as_object() else {
         return Err(Error::InvalidBody(
             "the request body must be a JSON object".into(),
         ));
+    };
+    // A misspelt member (`ttl` for `ttl_ms`) must not quietly fall back to
+    // a default: the caller would hold the lock for a time it never asked for.
+    if let Some(unknown) = members
+        .keys()
+        .find(|k| !LOCK_BODY_MEMBERS.contains(&k.as_str()))
+    {
+        return Err(Error::InvalidBody(format!(
+            "unknown member {unknown:?} in the lock request; the members are {}",
+            LOCK_BODY_MEMBERS.join(", ")
+        )));
     }
     serde_json::from_value(value)
         .map_err(|e| Error::InvalidBody(format!("invalid lock request: {e}")))
@@ -502,10 +613,30 @@ fn owner_of(body: &LockBody) -> Result<String> {
     }
 }
 
+/// The optional public label: 1–255 bytes, no control characters.
+fn label_of(body: &LockBody) -> Result<Option<String>> {
+    match &body.label {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => {
+            check_name("label", s).map_err(|e| Error::InvalidBody(e.to_string()))?;
+            Ok(Some(s.clone()))
+        }
+        Some(_) => Err(Error::InvalidBody("label must be a string".into())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn fingerprints_are_sha256_prefixes() {
+        // As `printf %s worker-a | sha256sum` prints them.
+        assert_eq!(owner_fingerprint("worker-a"), "6a65e237ae44c428");
+        assert_eq!(owner_fingerprint(""), "e3b0c44298fc1c14");
+        assert_ne!(owner_fingerprint("a"), owner_fingerprint("b"));
+    }
 
     #[test]
     fn resources_are_decoded_and_checked() {

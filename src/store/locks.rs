@@ -38,7 +38,7 @@ pub struct LockSql {
 }
 
 /// Columns every lock query returns, in this order.
-const COLUMNS: &str = "resource, owner, fencing_token, acquired_at, expires_at";
+const COLUMNS: &str = "resource, owner, fencing_token, acquired_at, expires_at, label";
 
 impl LockSql {
     pub fn new(dialect: &Dialect) -> Self {
@@ -50,13 +50,14 @@ impl LockSql {
             acquire: Stmt::new(
                 "lock_acquire",
                 format!(
-                    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
-                     VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3) \
+                    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at, label) \
+                     VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3, NULLIF($4, '')) \
                      ON CONFLICT (resource) DO UPDATE SET \
                        owner = excluded.owner, \
                        fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, \
                        acquired_at = CASE WHEN {own_live} THEN locks.acquired_at ELSE excluded.acquired_at END, \
                        expires_at = excluded.expires_at, \
+                       label = CASE WHEN {own_live} THEN COALESCE(excluded.label, locks.label) ELSE excluded.label END, \
                        prev_owner = locks.owner, \
                        prev_expires_at = locks.expires_at \
                      WHERE locks.owner IS NULL OR locks.expires_at <= {now} OR locks.owner = excluded.owner \
@@ -84,7 +85,7 @@ impl LockSql {
                     "UPDATE locks SET owner = NULL, prev_owner = owner, \
                        prev_expires_at = expires_at, expires_at = {now} \
                      WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
-                     RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, {now}"
+                     RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, label, {now}"
                 ),
             ),
             renew: Stmt::new(
@@ -139,7 +140,8 @@ where
         fencing_token: row.try_get(2)?,
         acquired_at_ms: row.try_get(3)?,
         expires_at_ms: row.try_get(4)?,
-        now_ms: row.try_get(5)?,
+        label: row.try_get(5)?,
+        now_ms: row.try_get(6)?,
     })
 }
 
@@ -153,20 +155,32 @@ where
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
-    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Acquire> {
+    async fn acquire(
+        &self,
+        resource: &str,
+        owner: &str,
+        label: Option<&str>,
+        ttl: Duration,
+    ) -> Result<Acquire> {
         // The statement is atomic; the loop only covers the report of a
         // holder that released between our attempt and our look at it.
         for _ in 0..3 {
             let row = self
                 .write_row(
                     &self.locks.acquire,
-                    vec![A::text(resource), A::text(owner), A::millis(ttl)],
+                    vec![
+                        A::text(resource),
+                        A::text(owner),
+                        A::millis(ttl),
+                        // '' stands for "no label" (a label is never empty).
+                        A::text(label.unwrap_or("")),
+                    ],
                 )
                 .await?;
             if let Some(row) = row {
                 let lock = record(&row)?;
-                let prev_owner: Option<String> = row.try_get(6)?;
-                let prev_expires: Option<i64> = row.try_get(7)?;
+                let prev_owner: Option<String> = row.try_get(7)?;
+                let prev_expires: Option<i64> = row.try_get(8)?;
                 let kind = match (prev_owner, prev_expires) {
                     (Some(p), Some(exp)) if p == owner && exp > lock.now_ms => GrantKind::Refreshed,
                     (Some(p), Some(exp)) => GrantKind::Reclaimed {

@@ -104,6 +104,8 @@ pub struct LockRecord {
     pub fencing_token: i64,
     pub acquired_at_ms: i64,
     pub expires_at_ms: i64,
+    /// The public label the holder gave at acquire, if any.
+    pub label: Option<String>,
     /// The database's clock when the record was read.
     pub now_ms: i64,
 }
@@ -148,7 +150,15 @@ pub enum LockChange {
 pub trait LockStore: Send + Sync {
     /// One atomic statement: insert, take over an expired row, or refresh the
     /// caller's own row; otherwise report the holder.
-    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Acquire>;
+    /// `label` is the holder's public name for the lock; a refresh without
+    /// one keeps the label the lock had.
+    async fn acquire(
+        &self,
+        resource: &str,
+        owner: &str,
+        label: Option<&str>,
+        ttl: Duration,
+    ) -> Result<Acquire>;
     /// The live lock, if any.
     async fn get(&self, resource: &str) -> Result<Option<LockRecord>>;
     /// Owner-only release.

@@ -996,6 +996,8 @@ type HyperClient = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>
 pub struct Client {
     inner: HyperClient,
     timeout: Duration,
+    /// Sent with every request (see [`Client::with_bearer`]).
+    headers: HeaderMap,
 }
 
 impl Default for Client {
@@ -1016,7 +1018,20 @@ impl Client {
         let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Client { inner, timeout }
+        Client {
+            inner,
+            timeout,
+            headers: HeaderMap::new(),
+        }
+    }
+
+    /// The same client, sending `Authorization: Bearer <token>` with every
+    /// request (a lock API with `locks.api_tokens_file`).
+    pub fn with_bearer(mut self, token: &str) -> Client {
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .unwrap_or_else(|e| panic!("bad bearer token {token:?}: {e}"));
+        self.headers.insert(http::header::AUTHORIZATION, value);
+        self
     }
 
     /// A client that opens a new connection for every request.
@@ -1029,6 +1044,7 @@ impl Client {
         Client {
             inner,
             timeout: CLIENT_TIMEOUT,
+            headers: HeaderMap::new(),
         }
     }
 
@@ -1037,7 +1053,7 @@ impl Client {
             client: self,
             method,
             url: url.as_ref().to_owned(),
-            headers: HeaderMap::new(),
+            headers: self.headers.clone(),
             body: Bytes::new(),
             version: Version::HTTP_11,
             timeout: self.timeout,

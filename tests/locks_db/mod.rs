@@ -161,6 +161,20 @@ macro_rules! replica_tests {
     };
 }
 
+/// The bearer token of [`with_tokens`].
+pub const TOKEN: &str = "test-lock-token-5b1e";
+
+/// `builder` with `locks.api_tokens_file` naming a file (in `dir`) that
+/// holds [`TOKEN`]: required with `locks.proxy_prefix`.
+pub fn with_tokens(builder: LockstepBuilder, dir: &std::path::Path) -> LockstepBuilder {
+    let path = dir.join("lock-tokens");
+    std::fs::write(&path, format!("{TOKEN}\n")).expect("write the tokens file");
+    builder.locks_toml(&format!(
+        "api_tokens_file = {}",
+        crate::common::toml_string(&path.display().to_string())
+    ))
+}
+
 // ---- requests every lock test makes ----
 
 /// `http://admin/locks/{resource}`; `resource` is put in the URL as given
@@ -190,6 +204,23 @@ pub async fn release(c: &Client, url: &str, owner: &str) -> Resp {
 // ---------------------------------------------------------------------------
 pub async fn get(c: &Client, url: &str) -> Resp {
     c.get(url).send().await
+}
+
+/// `GET` presenting `owner` in `Lock-Owner`: the holder's own view, which
+/// shows `owner` when it matches.
+pub async fn get_as(c: &Client, url: &str, owner: &str) -> Resp {
+    c.get(url).header("lock-owner", owner).send().await
+}
+
+/// What everyone but the holder sees of an owner: the first 16 hex digits
+/// of its SHA-256.
+pub fn fingerprint(owner: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(owner.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub fn token(body: &Value) -> u64 {

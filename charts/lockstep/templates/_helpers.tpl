@@ -146,6 +146,12 @@ cross-field ones of src/config.rs validate() are mirrored here.
 {{- if and $v.tls.admin (not $v.tls.existingSecret) }}
 {{- fail "lockstep chart: tls.admin needs tls.existingSecret (a kubernetes.io/tls Secret)." }}
 {{- end }}
+{{- if and $v.tls.adminClientCA.existingSecret (not (and $v.tls.existingSecret $v.tls.admin)) }}
+{{- fail "lockstep chart: tls.adminClientCA needs TLS on the admin listener (tls.existingSecret and tls.admin: true): client certificates are asked for in a TLS handshake." }}
+{{- end }}
+{{- if and $v.config.locks.proxy_prefix (not $v.locks.apiTokens.existingSecret) }}
+{{- fail (printf "lockstep chart: config.locks.proxy_prefix (%s) needs locks.apiTokens.existingSecret: without bearer tokens it would hand every client of the public API every lock." $v.config.locks.proxy_prefix) }}
+{{- end }}
 {{- if and $v.backend.tls.caSecret (not $v.backend.tls.enabled) }}
 {{- fail "lockstep chart: backend.tls.caSecret is set but backend.tls.enabled is false." }}
 {{- end }}
@@ -232,6 +238,11 @@ admin_cert_file = "/etc/lockstep/tls/tls.crt"
 admin_key_file = "/etc/lockstep/tls/tls.key"
 {{- end }}
 {{- end }}
+{{- if $v.tls.adminClientCA.existingSecret }}
+admin_client_ca_file = {{ printf "/etc/lockstep/admin-client-ca/%s" $v.tls.adminClientCA.existingSecretKey | quote }}
+{{- end }}
+{{- else if and (eq $section "locks") $v.locks.apiTokens.existingSecret }}
+api_tokens_file = {{ printf "/etc/lockstep/lock-tokens/%s" $v.locks.apiTokens.existingSecretKey | quote }}
 {{- else if eq $section "upstream" }}
 url = {{ include "lockstep.upstreamUrl" $ | quote }}
 {{- if and $v.backend.tls.enabled $v.backend.tls.caSecret }}
@@ -299,19 +310,31 @@ of the same Pod. Needs the volumes of "lockstep.volumes" in that Pod.
     {{- toYaml . | nindent 4 }}
     {{- end }}
   {{- end }}
+  {{- /* The kubelet has no client certificate: with mTLS on the admin
+       listener the probes can only check that it accepts connections. */}}
   livenessProbe:
+    {{- if $v.tls.adminClientCA.existingSecret }}
+    tcpSocket:
+      port: admin
+    {{- else }}
     httpGet:
       path: /healthz
       port: admin
       scheme: {{ $adminScheme }}
+    {{- end }}
     {{- with $v.lockstep.livenessProbe }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   readinessProbe:
+    {{- if $v.tls.adminClientCA.existingSecret }}
+    tcpSocket:
+      port: admin
+    {{- else }}
     httpGet:
       path: /readyz
       port: admin
       scheme: {{ $adminScheme }}
+    {{- end }}
     {{- with $v.lockstep.readinessProbe }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -345,6 +368,18 @@ of the same Pod. Needs the volumes of "lockstep.volumes" in that Pod.
     {{- if $v.backend.tls.caSecret }}
     - name: lockstep-upstream-ca
       mountPath: /etc/lockstep/upstream-ca
+      readOnly: true
+    {{- end }}
+    {{- if $v.tls.adminClientCA.existingSecret }}
+    - name: lockstep-admin-client-ca
+      mountPath: /etc/lockstep/admin-client-ca
+      readOnly: true
+    {{- end }}
+    {{- if $v.locks.apiTokens.existingSecret }}
+    {{- /* The whole Secret, not a subPath: only then does the kubelet
+         update the file when the Secret changes. */}}
+    - name: lockstep-lock-tokens
+      mountPath: /etc/lockstep/lock-tokens
       readOnly: true
     {{- end }}
     {{- with $v.lockstep.extraVolumeMounts }}
@@ -383,6 +418,18 @@ of the same Pod. Needs the volumes of "lockstep.volumes" in that Pod.
 - name: lockstep-upstream-ca
   secret:
     secretName: {{ $v.backend.tls.caSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- if $v.tls.adminClientCA.existingSecret }}
+- name: lockstep-admin-client-ca
+  secret:
+    secretName: {{ $v.tls.adminClientCA.existingSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- if $v.locks.apiTokens.existingSecret }}
+- name: lockstep-lock-tokens
+  secret:
+    secretName: {{ $v.locks.apiTokens.existingSecret }}
     defaultMode: 0444
 {{- end }}
 {{- end }}
