@@ -373,3 +373,51 @@ async fn usage_errors_exit_64_and_an_unreachable_admin_75() {
     assert_eq!(out.status.code(), Some(127), "{}", stderr(&out));
     assert_eq!(lock_status(&ls, "job").await, 404);
 }
+
+#[tokio::test]
+async fn with_a_token_file_the_cli_gets_past_the_lock_apis_bearer_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# lock API callers\ns3cret-token-for-cron\n").unwrap();
+    let ls = Lockstep::builder()
+        .locks_toml(&format!(
+            "api_tokens_file = {}",
+            common::toml_string(tokens.to_str().unwrap())
+        ))
+        .start();
+    let client_token = dir.path().join("client-token");
+    std::fs::write(&client_token, "s3cret-token-for-cron\n").unwrap();
+
+    // Without the token the server refuses, and the command never runs.
+    let refused = finish(lock(
+        &ls.admin_url(),
+        &["cron/tokens"],
+        "echo ran > ran",
+        dir.path(),
+    ))
+    .await;
+    assert_ne!(refused.status.code(), Some(0), "{}", stderr(&refused));
+    assert!(!dir.path().join("ran").exists(), "ran without a token");
+
+    let out = finish(lock(
+        &ls.admin_url(),
+        &[
+            "cron/tokens",
+            "--token-file",
+            client_token.to_str().unwrap(),
+        ],
+        "echo \"$LOCKSTEP_FENCING_TOKEN\" > ran",
+        dir.path(),
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let token = std::fs::read_to_string(dir.path().join("ran")).unwrap();
+    assert!(token.trim().parse::<u64>().is_ok(), "{token:?}");
+    // Released on exit: with the token, the lock is gone.
+    let gone = Client::new()
+        .with_bearer("s3cret-token-for-cron")
+        .get(ls.admin_url_for("/locks/cron%2Ftokens"))
+        .send()
+        .await;
+    assert_eq!(gone.status, 404, "{gone:?}");
+}
