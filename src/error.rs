@@ -85,13 +85,17 @@ impl From<sqlx::Error> for Error {
 }
 
 /// "outer: inner: innermost": the top-level messages of hyper and sqlx
-/// alone are vague.
+/// alone are vague. A source whose message its wrapper already printed
+/// (sqlx's `Configuration` does) is not repeated.
 pub fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out
