@@ -17,6 +17,7 @@
 //! set ([`auth`]).
 
 pub mod auth;
+pub mod openapi;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,8 @@
 //! Sends each request to a wing. The proxy listener: the lock API under its
 //! optional prefix, versioned routes to the versioning wing, everything else
 //! straight through; CONNECT is refused with 405, since lockstep opens no
-//! tunnels. The admin listener: health, readiness, metrics, locks.
+//! tunnels. The admin listener: health, readiness, metrics, locks and the
+//! lock API's OpenAPI document.
 //!
 //! The routers count every request by the kind of route that answered it,
 //! since this is where that is decided, and write the access line of the
@@ -225,7 +226,8 @@ impl AdminRouter {
                 );
                 resp
             }
-            "/healthz" | "/readyz" | "/metrics" => {
+            "/openapi.json" if read_only => crate::locks::openapi::response(),
+            "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => {
                 problem::response(&Error::MethodNotAllowed("GET, HEAD"))
             }
             _ => problem::response(&Error::NotFound(format!("no admin endpoint at {path}"))),
