@@ -354,7 +354,7 @@ measure_sqlite() { # measure_sqlite ROUND
     local r=$1 line
     log "sqlite-direct-$r: $LOCK_CLIENTS Python threads, ${WARMUP}s warm-up + ${DURATION}s"
     line=$(python3 "$HERE/sqlite_locks.py" --db "$TMP/direct-$r.db" \
-        --schema "$ROOT/migrations/sqlite/0001_init.sql" \
+        --schema "$ROOT/migrations/sqlite" \
         --locks-rs "$ROOT/src/store/locks.rs" --sqlite-rs "$ROOT/src/store/sqlite.rs" \
         --clients "$LOCK_CLIENTS" --duration "$DURATION" --warmup "$WARMUP" \
         --ttl-ms "$LOCK_TTL_MS" 2>"$TMP/sqlite-direct-$r.log" | grep '^SQLITE ') ||

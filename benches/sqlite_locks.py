@@ -23,6 +23,7 @@ Prints one line: `SQLITE key=value ...` for run.sh to parse.
 """
 
 import argparse
+import os
 import re
 import sqlite3
 import sys
@@ -36,13 +37,14 @@ EMBEDDED_NOW = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEG
 EMBEDDED_COLUMNS = "resource, owner, fencing_token, acquired_at, expires_at"
 EMBEDDED_OWN_LIVE = "(locks.owner = excluded.owner AND locks.expires_at > {now})"
 EMBEDDED_ACQUIRE = (
-    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) "
-    "VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1) + 1, {now}, {now} + $3) "
+    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at, label) "
+    "VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1) + 1, {now}, {now} + $3, NULLIF($4, '')) "
     "ON CONFLICT (resource) DO UPDATE SET "
     "owner = excluded.owner, "
     "fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, "
     "acquired_at = CASE WHEN {own_live} THEN locks.acquired_at ELSE excluded.acquired_at END, "
     "expires_at = excluded.expires_at, "
+    "label = CASE WHEN {own_live} THEN COALESCE(excluded.label, locks.label) ELSE excluded.label END, "
     "prev_owner = locks.owner, "
     "prev_expires_at = locks.expires_at "
     "WHERE locks.owner IS NULL OR locks.expires_at <= {now} OR locks.owner = excluded.owner "
@@ -123,7 +125,8 @@ def percentile(sorted_values, p):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", required=True)
-    ap.add_argument("--schema", required=True, help="lockstep's SQLite migration")
+    ap.add_argument("--schema", required=True,
+                    help="lockstep's SQLite migrations: a directory (every *.sql, in order) or one file")
     ap.add_argument("--locks-rs", required=True)
     ap.add_argument("--sqlite-rs", required=True)
     ap.add_argument("--clients", type=int, default=32)
@@ -145,9 +148,18 @@ def main():
         print(f"-- acquire\n{acquire};\n-- release\n{release};", file=sys.stderr)
 
     setup = connect(args.db)
-    with open(args.schema, encoding="utf-8") as f:
-        setup.executescript(f.read())
+    if os.path.isdir(args.schema):
+        scripts = sorted(os.path.join(args.schema, n) for n in os.listdir(args.schema)
+                         if n.endswith(".sql"))
+    else:
+        scripts = [args.schema]
+    for path in scripts:
+        with open(path, encoding="utf-8") as f:
+            setup.executescript(f.read())
     setup.close()
+    # As many parameters as the statement binds: resource, owner, TTL, and
+    # (once locks carry one) an empty label, which the SQL turns into NULL.
+    acquire_params = max(int(n) for n in re.findall(r"\?(\d+)", acquire))
 
     phase = {"measuring": False, "stop": False}
     lock = threading.Lock()
@@ -175,7 +187,8 @@ def main():
             measuring = phase["measuring"]
             try:
                 t0 = time.perf_counter()
-                got = conn.execute(acquire, (resource, owner, args.ttl_ms)).fetchall()
+                params = (resource, owner, args.ttl_ms, "")[:acquire_params]
+                got = conn.execute(acquire, params).fetchall()
                 t1 = time.perf_counter()
                 if not got:
                     refused += measuring
