@@ -145,7 +145,14 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(lockstep::app::run(validated, shutdown_signal())) {
+            // The handlers are installed before anything is bound: a signal
+            // that arrives as soon as lockstep answers /readyz must start a
+            // drain, not kill the process by the default action.
+            let run = async {
+                let shutdown = shutdown_signal();
+                lockstep::app::run(validated, shutdown).await
+            };
+            match runtime.block_on(run) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "lockstep failed");
@@ -157,24 +164,31 @@ fn main() -> ExitCode {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Installs the SIGTERM and SIGINT handlers at once, and returns a future
+/// that resolves on either. (An `async fn` would install them only when
+/// first polled, after the listeners are bound.)
+#[cfg(unix)]
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-            Err(_) => std::future::pending::<()>().await,
+            // No handler could be installed: nothing will ever arrive.
+            _ => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    }
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
