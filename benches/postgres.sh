@@ -444,7 +444,7 @@ mkdir -p "$(dirname "$OUT")"
         "lease $WRITE_LEASE_MS ms. pgbench runs them in its default simple-query protocol (text substituted into each" \
         "statement, parsed and planned every time); lockstep (sqlx) uses prepared statements, so" \
         "pgbench pays parse + plan on every statement and lockstep does not (\`-M prepared\` would narrow that; the" \
-        "brief's command is kept). They run in a" \
+        "documented pgbench command is kept). They run in a" \
         "separate database with lockstep's schema and triggers (the same migration files), so pgbench's" \
         "releases fire the same \`pg_notify\` triggers lockstep's do."
     echo "- **Versions differ in one way**: lockstep binds \`\$4\` (the expected version) to the version it" \

@@ -1,5 +1,5 @@
-//! Reads through the versioning proxy (SPEC.md "Versions", reads; issue 2
-//! point 2): `GET`/`HEAD` on an item route carry `ETag: "<version>"` and the
+//! Reads through the versioning proxy (README "Versioning", reads):
+//! `GET`/`HEAD` on an item route carry `ETag: "<version>"` and the
 //! body's `version` member, `If-None-Match` is answered by lockstep, and
 //! reads never change a version.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

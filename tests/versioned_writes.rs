@@ -1,5 +1,5 @@
-//! Writes through the versioning proxy (SPEC.md "Versions", writes; issue 2
-//! points 3 and 4): preconditions from `If-Match` or the body `version`,
+//! Writes through the versioning proxy (README "Versioning", writes):
+//! preconditions from `If-Match` or the body `version`,
 //! 409 on stale writes before the backend is called, what each backend
 //! outcome does to the version, DELETE, and POST to a collection.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

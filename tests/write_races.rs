@@ -1,5 +1,5 @@
-//! Concurrent writers on one key (SPEC.md "Versions": writes to one key are
-//! serialised; issue 2 point 5): of two writers holding the same version
+//! Concurrent writers on one key (writes to one key are serialised):
+//! of two writers holding the same version
 //! exactly one reaches the backend, the other gets 409 with the new version
 //! or proceeds when the first failed; and no update is ever lost.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
