@@ -810,5 +810,7 @@ pub fn concat(pieces: &[Bytes]) -> Bytes {
     }
 }
 
+pub mod consistency;
+
 #[cfg(test)]
 mod tests;
