@@ -16,8 +16,8 @@ fn main() -> ExitCode {
     }
     let worlds: Vec<(&str, Bounds)> = if deep {
         vec![
-            ("versions, 3 writers, 2 crashes", Bounds::DEEP_VERSIONS),
-            ("versions, cache, 2 writes each", Bounds::DEEP_VERSIONS_2W),
+            ("versions, 3 writers", Bounds::DEEP_VERSIONS),
+            ("versions, 2 writes each, clock 5", Bounds::DEEP_VERSIONS_2W),
             ("locks, 3 holders", Bounds::DEEP_LOCKS),
             ("locks and checked fenced writes", Bounds::DEEP_MIXED),
         ]

@@ -109,17 +109,12 @@ impl Bounds {
     /// Deeper runs, for `--deep` (minutes to hours, by hand).
     pub const DEEP_VERSIONS: Bounds = Bounds {
         writers: 3,
-        writes_per_writer: 1,
-        max_clock: 5,
-        crashes: 2,
         ..Bounds::VERSIONS
     };
     pub const DEEP_VERSIONS_2W: Bounds = Bounds {
-        writers: 2,
         writes_per_writer: 2,
-        max_clock: 6,
-        crashes: 1,
-        ..Bounds::VERSIONS_CACHED
+        max_clock: 5,
+        ..Bounds::VERSIONS
     };
     pub const DEEP_LOCKS: Bounds = Bounds {
         holders: 3,
