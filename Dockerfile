@@ -13,6 +13,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY migrations migrations
+# The workspace's other member (the protocol model): cargo reads its
+# manifest, though only the lockstep binary is built.
+COPY model model
 # BuildKit caches keep the crate downloads and the target directory between
 # builds; the binary is copied out of the cache in the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
