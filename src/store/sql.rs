@@ -200,7 +200,13 @@ where
         args: Vec<Arg>,
     ) -> Result<Vec<<DB as Database>::Row>> {
         self.same_file()?;
-        let rows = self
+        // Whatever the outcome (a failed commit may still have landed), no
+        // cached version read before this write is served while it may land
+        // or after it. Every write counts, lock writes too: simpler than
+        // knowing which statements touch versions, and they are the rarer
+        // kind.
+        let _writing = self.version_cache.as_ref().map(VersionCache::writing);
+        self
             .timed(stmt.op, async {
                 Ok(match &self.batcher {
                     Some(b) => b.execute(&stmt.sql, args).await?,
@@ -211,15 +217,7 @@ where
                     }
                 })
             })
-            .await;
-        // Whatever the outcome (a failed commit may still have landed), no
-        // cached version read before this write is served after it. Every
-        // write empties the cache, lock writes too: simpler than knowing
-        // which statements touch versions, and they are the rarer kind.
-        if let Some(cache) = &self.version_cache {
-            cache.invalidate();
-        }
-        rows
+            .await
     }
 
     /// A conditional write that returns at most one row.

@@ -16,12 +16,18 @@
 //! connection has closed, and a rebuilt header can be byte-identical to one
 //! an entry was tagged with, so that cache could serve an old version.
 //!
-//! The rule kept: a read never shows a version older than a write that had
-//! been answered before the read was sent. Every write statement calls
-//! [`VersionCache::invalidate`] after it ran and before its caller can
-//! answer anyone, which empties the cache and starts a new generation; a
-//! read fills only if no write ended between its lookup and its fill, so a
-//! query that raced a commit cannot put the old value back.
+//! The rules kept: a read never shows a version older than a write that had
+//! been answered before the read was sent, nor older than one another read
+//! has already been shown. Every write statement holds a [`Writing`] guard
+//! from before it is sent until after it ran (or was abandoned): while any
+//! is held, lookups miss and fills are refused, because the statement may
+//! already have landed and a reader that went to the database may already
+//! have seen its result. Taking and dropping the guard each empty the cache
+//! and start a new generation; a read fills only if no write began or ended
+//! between its lookup and its fill, so a query that raced a commit cannot
+//! put the old value back. (The protocol model, `model/`, found the window
+//! an earlier design left between a statement landing and the cache being
+//! emptied after it.)
 //!
 //! What is never cached: a key whose write lease is held or ran out (its
 //! effective version changes with the database's clock, not with a write).
@@ -50,7 +56,29 @@ pub enum Lookup {
 #[derive(Default)]
 struct Entries {
     generation: u64,
+    /// Write statements sent and not yet finished.
+    writing: usize,
     versions: HashMap<String, VersionState>,
+}
+
+impl Entries {
+    fn start_over(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        self.versions.clear();
+    }
+}
+
+/// Held while a write statement may land: see the module docs.
+pub struct Writing<'c> {
+    cache: &'c VersionCache,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut entries = self.cache.entries();
+        entries.writing = entries.writing.saturating_sub(1);
+        entries.start_over();
+    }
 }
 
 #[derive(Default)]
@@ -68,8 +96,7 @@ impl VersionCache {
         // matters; start over (a new generation) to be safe.
         self.entries.lock().unwrap_or_else(|poisoned| {
             let mut guard = poisoned.into_inner();
-            guard.generation = guard.generation.wrapping_add(1);
-            guard.versions.clear();
+            guard.start_over();
             guard
         })
     }
@@ -77,8 +104,8 @@ impl VersionCache {
     pub fn lookup(&self, key: &str) -> Lookup {
         let entries = self.entries();
         match entries.versions.get(key) {
-            Some(state) => Lookup::Hit(*state),
-            None => Lookup::Miss(Ticket(entries.generation)),
+            Some(state) if entries.writing == 0 => Lookup::Hit(*state),
+            _ => Lookup::Miss(Ticket(entries.generation)),
         }
     }
 
@@ -89,7 +116,7 @@ impl VersionCache {
             return;
         }
         let mut entries = self.entries();
-        if entries.generation != ticket.0 {
+        if entries.generation != ticket.0 || entries.writing > 0 {
             return;
         }
         if entries.versions.len() >= MAX_ENTRIES {
@@ -98,12 +125,14 @@ impl VersionCache {
         entries.versions.insert(key.to_owned(), state);
     }
 
-    /// A write ran (or may have): forget everything, and refuse the fills
-    /// of reads that looked up before it.
-    pub fn invalidate(&self) {
+    /// A write statement is about to be sent: until the guard is dropped
+    /// (after it ran, failed or was abandoned), nothing is served from the
+    /// cache or put into it, and what was there is forgotten.
+    pub fn writing(&self) -> Writing<'_> {
         let mut entries = self.entries();
-        entries.generation = entries.generation.wrapping_add(1);
-        entries.versions.clear();
+        entries.writing += 1;
+        entries.start_over();
+        Writing { cache: self }
     }
 }
 
@@ -128,7 +157,7 @@ mod tests {
         cache.fill("k", ticket, state(3));
         assert_eq!(cache.lookup("k"), Lookup::Hit(state(3)));
         assert!(matches!(cache.lookup("other"), Lookup::Miss(_)));
-        cache.invalidate();
+        drop(cache.writing());
         assert!(matches!(cache.lookup("k"), Lookup::Miss(_)));
     }
 
@@ -139,9 +168,32 @@ mod tests {
             panic!("empty cache")
         };
         // The query ran before a commit; the write ended before the fill.
-        cache.invalidate();
+        drop(cache.writing());
         cache.fill("k", ticket, state(3));
         assert!(matches!(cache.lookup("k"), Lookup::Miss(_)));
+    }
+
+    #[test]
+    fn nothing_is_served_or_kept_while_a_write_may_land() {
+        let cache = VersionCache::new();
+        let Lookup::Miss(ticket) = cache.lookup("k") else {
+            panic!("empty cache")
+        };
+        cache.fill("k", ticket, state(1));
+        let writing = cache.writing();
+        // The statement may have landed: a reader that went to the database
+        // may have seen version 2, so nobody may be shown 1 from here.
+        let Lookup::Miss(during) = cache.lookup("k") else {
+            panic!("served from the cache while a write may have landed")
+        };
+        cache.fill("k", during, state(2));
+        assert!(matches!(cache.lookup("k"), Lookup::Miss(_)));
+        drop(writing);
+        let Lookup::Miss(after) = cache.lookup("k") else {
+            panic!("a fill during the write survived it")
+        };
+        cache.fill("k", after, state(2));
+        assert_eq!(cache.lookup("k"), Lookup::Hit(state(2)));
     }
 
     #[test]
