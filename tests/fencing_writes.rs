@@ -432,7 +432,7 @@ async fn tokens_reach_the_backend_in_order_across_three_replicas(kind: DbKind) {
             let (proxies, admins) = (proxies.clone(), admins.clone());
             tokio::spawn(async move {
                 let c = Client::new();
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (w + 1) * 0x2545_f491);
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((w + 1) * 0x2545_f491));
                 let mut outcomes: Vec<(u64, u16)> = Vec::new();
                 for _ in 0..ROUNDS {
                     let item = rng.below(ITEMS);
