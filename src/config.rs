@@ -721,6 +721,14 @@ mod tests {
                 "[[resources]]\npattern = \"/a/{id}\"\ncase_insensitive_ids = \"yes\"\n",
                 "case_insensitive_ids",
             ),
+            (
+                "[[resources]]\npattern = \"/items/{id}\"\nlock = \"jobs/{job}\"\n",
+                "resources[0].lock \"jobs/{job}\": names {job}, which the pattern does not have",
+            ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\nrequire_lock = 1\n",
+                "require_lock",
+            ),
         ];
         for (text, needle) in cases {
             let e = load(text, &[]).unwrap_err().to_string();

@@ -39,6 +39,17 @@ pub enum Error {
         /// 409 or 412, as configured.
         status: u16,
     },
+    /// A fenced write whose lock no longer holds (or never held) the
+    /// fencing token it presented: its sender lost its authority.
+    #[error("{}", stale_lock_detail(.lock_resource, *.presented, *.current_fencing_token))]
+    StaleLockToken {
+        lock_resource: String,
+        presented: i64,
+        /// The live lock's token, or `None` when nobody holds it.
+        current_fencing_token: Option<i64>,
+    },
+    #[error("writes to this resource must carry Lock-Token: <fencing token> of the lock {lock_resource:?}")]
+    LockRequired { lock_resource: String },
     #[error("the request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: u64 },
     #[error("the request body did not arrive within {timeout_ms} ms")]
@@ -74,6 +85,17 @@ pub enum Error {
     // ---- the store failed (503) ----
     #[error("the version and lock store is unavailable")]
     Unavailable(#[source] sqlx::Error),
+}
+
+fn stale_lock_detail(resource: &str, presented: i64, current: Option<i64>) -> String {
+    match current {
+        Some(t) => format!(
+            "the lock {resource:?} is held with fencing token {t}, not {presented}: this write's sender no longer holds it"
+        ),
+        None => format!(
+            "the lock {resource:?} is not held (released, expired or never acquired), so fencing token {presented} guards nothing"
+        ),
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -110,13 +110,19 @@ pub enum ConflictReason {
     PreconditionRequired,
     /// Another write on the key was still in flight after the wait (503).
     WriteInProgress,
+    /// The write's `Lock-Token` is not the live token of its lock (409).
+    StaleLockToken,
+    /// No `Lock-Token` on a resource that requires one (428).
+    LockRequired,
 }
 
 impl ConflictReason {
-    const ALL: [ConflictReason; 3] = [
+    const ALL: [ConflictReason; 5] = [
         ConflictReason::Stale,
         ConflictReason::PreconditionRequired,
         ConflictReason::WriteInProgress,
+        ConflictReason::StaleLockToken,
+        ConflictReason::LockRequired,
     ];
 
     fn as_str(self) -> &'static str {
@@ -124,6 +130,8 @@ impl ConflictReason {
             ConflictReason::Stale => "stale",
             ConflictReason::PreconditionRequired => "precondition_required",
             ConflictReason::WriteInProgress => "write_in_progress",
+            ConflictReason::StaleLockToken => "stale_lock_token",
+            ConflictReason::LockRequired => "lock_required",
         }
     }
 }

@@ -122,6 +122,22 @@ impl From<&Error> for Problem {
             )
             .ext("current_version", json!(current_version))
             .header(header::ETAG, format!("\"{current_version}\"")),
+            // Not made 412 by `conflict_status`: it is about the lock, not
+            // about the version the write expected.
+            Error::StaleLockToken {
+                lock_resource,
+                current_fencing_token,
+                ..
+            } => Problem::new(S::CONFLICT, "stale-lock-token", "Stale lock token", detail)
+                .ext("lock_resource", json!(lock_resource))
+                .ext("current_fencing_token", json!(current_fencing_token)),
+            Error::LockRequired { lock_resource } => Problem::new(
+                S::PRECONDITION_REQUIRED,
+                "lock-required",
+                "Lock required",
+                detail,
+            )
+            .ext("lock_resource", json!(lock_resource)),
             Error::PayloadTooLarge { limit } => Problem::new(
                 S::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
@@ -272,6 +288,22 @@ mod tests {
                 },
                 412,
                 "conflict",
+            ),
+            (
+                Error::StaleLockToken {
+                    lock_resource: "jobs/1".into(),
+                    presented: 3,
+                    current_fencing_token: Some(4),
+                },
+                409,
+                "stale-lock-token",
+            ),
+            (
+                Error::LockRequired {
+                    lock_resource: "jobs/1".into(),
+                },
+                428,
+                "lock-required",
             ),
             (
                 Error::PayloadTooLarge { limit: 1 },

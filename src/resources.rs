@@ -74,16 +74,46 @@ pub struct ResourceConfig {
     /// client's spelling.
     #[serde(default)]
     pub case_insensitive_ids: bool,
+    /// The lock that guards an item, as a template over the pattern's
+    /// `{name}`s (`"jobs/{id}"`); default: the item's own key. A write
+    /// carrying `Lock-Token` is claimed only while this lock holds that
+    /// fencing token.
+    #[serde(default)]
+    pub lock: Option<String>,
+    /// Refuse writes that carry no `Lock-Token` (428 `lock-required`).
+    #[serde(default)]
+    pub require_lock: bool,
+}
+
+/// Longest lock resource the lock API accepts, in bytes.
+pub const MAX_LOCK_BYTES: usize = 255;
+
+/// Which lock guards writes to a route, and whether a write must name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fencing {
+    /// The lock resource (decoded), filled in from the request's path.
+    pub lock: String,
+    /// A write without `Lock-Token` is refused.
+    pub required: bool,
 }
 
 /// What a request path is, as far as versioning is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// An item route: `key` is the version-table key, `path` the canonical
-    /// (re-encoded) path to forward.
-    Item { key: String, path: String },
-    /// A collection route: POST here creates items.
-    Collection { path: String },
+    /// (re-encoded) path to forward, `fence` the lock that guards its writes.
+    Item {
+        key: String,
+        path: String,
+        fence: Fencing,
+    },
+    /// A collection route: POST here creates items. `fence` only when the
+    /// entry's lock names no `{name}`: which item a POST creates is known
+    /// only once the backend has created it.
+    Collection {
+        path: String,
+        fence: Option<Fencing>,
+    },
     /// No reading of the path names a versioned route: proxied untouched.
     Unversioned,
 }
@@ -169,7 +199,15 @@ enum Part {
     /// `text` as configured; `folded` precomputed for the lenient reading.
     Literal { text: String, folded: String },
     /// A `{name}`: any one segment.
-    Param,
+    Param(String),
+}
+
+/// One piece of a compiled `lock` template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    /// The value of the pattern's `{name}` (as it is in the key).
+    Param(String),
 }
 
 /// A compiled pattern.
@@ -178,6 +216,9 @@ struct Pattern {
     kind: Kind,
     parts: Vec<Part>,
     fold_ids: bool,
+    /// The entry's `lock` template; `None`: the item's own key.
+    lock: Option<Vec<Piece>>,
+    require_lock: bool,
     /// `resources[i].pattern` or `.collection`, for error messages.
     origin: String,
 }
@@ -197,6 +238,17 @@ impl ResourceMap {
     pub fn new(entries: &[ResourceConfig]) -> Result<Self, String> {
         let mut patterns: Vec<Pattern> = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
+            let lock = match &entry.lock {
+                Some(template) => {
+                    let item = compile(&entry.pattern)
+                        .map_err(|m| format!("resources[{i}].pattern {:?}: {m}", entry.pattern))?;
+                    Some(
+                        compile_lock(template, &item)
+                            .map_err(|m| format!("resources[{i}].lock {template:?}: {m}"))?,
+                    )
+                }
+                None => None,
+            };
             let mut add = |kind, field: &str, text: &str| -> Result<(), String> {
                 let origin = format!("resources[{i}].{field} {text:?}");
                 let parts = compile(text).map_err(|m| format!("{origin}: {m}"))?;
@@ -210,6 +262,8 @@ impl ResourceMap {
                     kind,
                     parts,
                     fold_ids: entry.case_insensitive_ids,
+                    lock: lock.clone(),
+                    require_lock: entry.require_lock,
                     origin,
                 });
                 Ok(())
@@ -221,7 +275,7 @@ impl ResourceMap {
             if entry.case_insensitive_ids
                 && !compile(&entry.pattern)?
                     .iter()
-                    .any(|p| matches!(p, Part::Param))
+                    .any(|p| matches!(p, Part::Param(_)))
             {
                 return Err(format!(
                     "resources[{i}].case_insensitive_ids: pattern {:?} has no {{name}} segment to fold",
@@ -305,11 +359,17 @@ impl ResourceMap {
         }
         Ok(match strict_named.kind {
             Kind::Item => Route::Item {
+                // `named` always gives an item its lock; the key otherwise.
+                fence: strict_named.fence.unwrap_or_else(|| Fencing {
+                    lock: strict_named.key.clone(),
+                    required: false,
+                }),
                 key: strict_named.key,
                 path: strict_named.path,
             },
             Kind::Collection => Route::Collection {
                 path: strict_named.path,
+                fence: strict_named.fence,
             },
         })
     }
@@ -364,6 +424,8 @@ struct Named {
     key: String,
     /// The canonical path to forward.
     path: String,
+    /// The lock guarding writes (always set for an item).
+    fence: Option<Fencing>,
 }
 
 impl Named {
@@ -394,7 +456,7 @@ impl Pattern {
         for seg in segments {
             let fits = match parts.next() {
                 None => false,
-                Some(Part::Param) => true,
+                Some(Part::Param(_)) => true,
                 Some(Part::Literal { text, folded }) => match case {
                     Case::Exact => seg == text,
                     Case::Folded => folds_to(seg, folded),
@@ -413,23 +475,56 @@ impl Pattern {
     fn named(&self, segments: &[String]) -> Named {
         let mut key = String::new();
         let mut path = String::new();
+        let mut values: Vec<(&str, Cow<'_, str>)> = Vec::new();
         for (part, seg) in self.parts.iter().zip(segments) {
             let (in_key, in_path): (Cow<'_, str>, &str) = match part {
                 Part::Literal { text, .. } => (Cow::Borrowed(text), text),
-                Part::Param if self.fold_ids => (Cow::Owned(seg.to_lowercase()), seg),
-                Part::Param => (Cow::Borrowed(seg), seg),
+                Part::Param(_) if self.fold_ids => (Cow::Owned(seg.to_lowercase()), seg),
+                Part::Param(_) => (Cow::Borrowed(seg), seg),
             };
             if !key.is_empty() {
                 key.push('/');
             }
             key.push_str(&in_key);
+            if let Part::Param(name) = part {
+                values.push((name, in_key));
+            }
             path.push('/');
             path.extend(utf8_percent_encode(in_path, SEGMENT));
         }
+        let lock = match (&self.lock, self.kind) {
+            // The item's own key guards it; a collection has no item yet.
+            (None, Kind::Item) => Some(key.clone()),
+            (None, Kind::Collection) => None,
+            (Some(pieces), kind) => {
+                let mut lock = String::new();
+                for piece in pieces {
+                    match piece {
+                        Piece::Text(t) => lock.push_str(t),
+                        Piece::Param(name) => match values.iter().find(|(n, _)| n == name) {
+                            Some((_, v)) => lock.push_str(v),
+                            // A collection pattern lacks the item's names:
+                            // which lock guards the new item is not known.
+                            None => {
+                                lock.clear();
+                                break;
+                            }
+                        },
+                    }
+                }
+                let unfilled =
+                    kind == Kind::Collection && pieces.iter().any(|p| matches!(p, Piece::Param(_)));
+                (!unfilled && !lock.is_empty()).then_some(lock)
+            }
+        };
         Named {
             kind: self.kind,
             key,
             path,
+            fence: lock.map(|lock| Fencing {
+                lock,
+                required: self.require_lock,
+            }),
         }
     }
 }
@@ -482,7 +577,7 @@ fn compile(pattern: &str) -> Result<Vec<Part>, String> {
                 return Err(format!("parameter {{{name}}} appears twice"));
             }
             names.push(name);
-            parts.push(Part::Param);
+            parts.push(Part::Param(name.to_string()));
         } else if seg.contains('%') {
             return Err("must be written decoded (no percent-escapes)".into());
         } else if seg.contains(['\\', ';']) || seg.chars().any(char::is_control) {
@@ -505,7 +600,7 @@ fn compile(pattern: &str) -> Result<Vec<Part>, String> {
 fn same_shape(a: &[Part], b: &[Part]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|pair| match pair {
-            (Part::Param, Part::Param) => true,
+            (Part::Param(_), Part::Param(_)) => true,
             (Part::Literal { folded: x, .. }, Part::Literal { folded: y, .. }) => x == y,
             _ => false,
         })
@@ -514,7 +609,57 @@ fn same_shape(a: &[Part], b: &[Part]) -> bool {
 /// Sort key: a literal before a `{name}` at the first place two patterns
 /// differ.
 fn rank(parts: &[Part]) -> Vec<bool> {
-    parts.iter().map(|p| matches!(p, Part::Param)).collect()
+    parts.iter().map(|p| matches!(p, Part::Param(_))).collect()
+}
+
+/// Compiles a `lock` template against the item pattern's parts: literal
+/// text and whole `{name}`s the pattern has. Refused when it could never
+/// name a lock the lock API accepts: empty, control characters, or longer
+/// than [`MAX_LOCK_BYTES`] even with one-byte values.
+fn compile_lock(template: &str, pattern: &[Part]) -> Result<Vec<Piece>, String> {
+    if template.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if template.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    let mut pieces = Vec::new();
+    let mut rest = template;
+    let mut shortest = 0;
+    while !rest.is_empty() {
+        let open = rest.find(['{', '}']).unwrap_or(rest.len());
+        if open > 0 {
+            pieces.push(Piece::Text(rest[..open].to_string()));
+            shortest += open;
+            rest = &rest[open..];
+            continue;
+        }
+        let close = rest
+            .strip_prefix('{')
+            .and_then(|r| r.find('}'))
+            .ok_or("'{' and '}' may only enclose a {name} of the pattern")?;
+        let name = &rest[1..=close];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "{{{name}}} is not a {{name}} (it must be [A-Za-z0-9_]+)"
+            ));
+        }
+        if !pattern
+            .iter()
+            .any(|p| matches!(p, Part::Param(n) if n == name))
+        {
+            return Err(format!("names {{{name}}}, which the pattern does not have"));
+        }
+        pieces.push(Piece::Param(name.to_string()));
+        shortest += 1;
+        rest = &rest[close + 2..];
+    }
+    if shortest > MAX_LOCK_BYTES {
+        return Err(format!(
+            "names locks of at least {shortest} bytes; a lock resource is at most {MAX_LOCK_BYTES}"
+        ));
+    }
+    Ok(pieces)
 }
 
 // ------------------------------------------------------------- readings
@@ -674,7 +819,7 @@ mod tests {
         ResourceConfig {
             pattern: pattern.into(),
             collection: collection.map(Into::into),
-            case_insensitive_ids: false,
+            ..ResourceConfig::default()
         }
     }
 
@@ -694,11 +839,18 @@ mod tests {
         Route::Item {
             key: key.into(),
             path: path.into(),
+            fence: Fencing {
+                lock: key.into(),
+                required: false,
+            },
         }
     }
 
     fn collection(path: &str) -> Route {
-        Route::Collection { path: path.into() }
+        Route::Collection {
+            path: path.into(),
+            fence: None,
+        }
     }
 
     /// What a test expects of a path.
@@ -1028,6 +1180,91 @@ mod tests {
         assert!(e.contains("case_insensitive_ids"), "{e}");
     }
 
+    fn fenced(pattern: &str, collection: Option<&str>, lock: &str) -> ResourceConfig {
+        ResourceConfig {
+            lock: Some(lock.into()),
+            require_lock: true,
+            ..entry(pattern, collection)
+        }
+    }
+
+    fn fence_of(m: &ResourceMap, path: &str) -> Option<Fencing> {
+        match m.classify(path).unwrap() {
+            Route::Item { fence, .. } => Some(fence),
+            Route::Collection { fence, .. } => fence,
+            Route::Unversioned => panic!("{path} is not versioned"),
+        }
+    }
+
+    #[test]
+    fn lock_templates_fill_in_the_items_names() {
+        let m = ResourceMap::new(&[
+            fenced("/items/{id}", Some("/items"), "jobs/{id}"),
+            fenced(
+                "/users/{uid}/posts/{pid}",
+                Some("/users/{uid}/posts"),
+                "post:{uid}:{pid}",
+            ),
+            ResourceConfig {
+                case_insensitive_ids: true,
+                ..fenced("/tags/{name}", Some("/tags"), "tag-writers")
+            },
+            ResourceConfig {
+                case_insensitive_ids: true,
+                ..fenced("/autos/{id}", None, "autos/{id}")
+            },
+        ])
+        .unwrap();
+        let lock = |l: &str| {
+            Some(Fencing {
+                lock: l.into(),
+                required: true,
+            })
+        };
+        assert_eq!(fence_of(&m, "/items/42"), lock("jobs/42"));
+        assert_eq!(fence_of(&m, "/items/caf%C3%A9"), lock("jobs/café"));
+        assert_eq!(fence_of(&m, "/users/7/posts/9"), lock("post:7:9"));
+        assert_eq!(fence_of(&m, "/tags/Rust"), lock("tag-writers"));
+        // The key's spelling: /autos/ABC and /autos/abc are one lock too.
+        assert_eq!(fence_of(&m, "/autos/ABC"), lock("autos/abc"));
+        // A POST is fenced only by a lock that names no item.
+        assert_eq!(fence_of(&m, "/items"), None);
+        assert_eq!(fence_of(&m, "/users/7/posts"), None);
+        assert_eq!(fence_of(&m, "/tags"), lock("tag-writers"));
+        // Without a template: the item's own key, and no collection lock.
+        let plain = map();
+        assert_eq!(
+            fence_of(&plain, "/articles/42"),
+            Some(Fencing {
+                lock: "articles/42".into(),
+                required: false
+            })
+        );
+        assert_eq!(fence_of(&plain, "/articles"), None);
+    }
+
+    #[test]
+    fn lock_templates_that_cannot_name_a_lock_are_rejected() {
+        for (template, needle) in [
+            ("jobs/{job}", "names {job}, which the pattern does not have"),
+            ("", "must not be empty"),
+            ("jobs/{id", "may only enclose"),
+            ("jobs/id}", "may only enclose"),
+            ("jobs/{}", "is not a {name}"),
+            ("jobs/{a-b}", "is not a {name}"),
+            ("jobs\n{id}", "control characters"),
+        ] {
+            let e = ResourceMap::new(&[fenced("/items/{id}", None, template)]).unwrap_err();
+            assert!(e.contains("resources[0].lock"), "{template:?}: {e}");
+            assert!(e.contains(needle), "{template:?}: {e}");
+        }
+        let long = format!("{}{{id}}", "x".repeat(MAX_LOCK_BYTES));
+        let e = ResourceMap::new(&[fenced("/items/{id}", None, &long)]).unwrap_err();
+        assert!(e.contains("at least 256 bytes"), "{e}");
+        let fits = format!("{}{{id}}", "x".repeat(MAX_LOCK_BYTES - 1));
+        assert!(ResourceMap::new(&[fenced("/items/{id}", None, &fits)]).is_ok());
+    }
+
     mod property {
         use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -1170,7 +1407,7 @@ mod tests {
                         let fine = match (&got, named.kind) {
                             (Err(_), _) => true,
                             (Ok(Route::Item { key, .. }), Kind::Item) => *key == named.key,
-                            (Ok(Route::Collection { path }), Kind::Collection) => {
+                            (Ok(Route::Collection { path, .. }), Kind::Collection) => {
                                 *path == named.path
                             }
                             _ => false,
@@ -1181,7 +1418,7 @@ mod tests {
                         );
                     }
                     match &got {
-                        Ok(Route::Item { path, .. } | Route::Collection { path }) => {
+                        Ok(Route::Item { path, .. } | Route::Collection { path, .. }) => {
                             prop_assert_eq!(
                                 &m.classify(path),
                                 &got,

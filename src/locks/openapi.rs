@@ -102,6 +102,14 @@ mod tests {
                 expected: "0".into(),
                 status: 409,
             },
+            Error::StaleLockToken {
+                lock_resource: "r".into(),
+                presented: 1,
+                current_fencing_token: None,
+            },
+            Error::LockRequired {
+                lock_resource: "r".into(),
+            },
             Error::PayloadTooLarge { limit: 1 },
             Error::RequestTimeout { timeout_ms: 1 },
             Error::NotFound("x".into()),

@@ -57,6 +57,14 @@ pub enum Lease {
     Expired,
 }
 
+/// The lock a fenced write presents: the lock's resource and the fencing
+/// token the writer holds (`Lock-Token`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub resource: String,
+    pub token: i64,
+}
+
 /// The optimistic-concurrency half of the store.
 #[async_trait]
 pub trait VersionStore: Send + Sync {
@@ -74,6 +82,19 @@ pub trait VersionStore: Send + Sync {
         expected: i64,
         lease_id: &str,
         lease: Duration,
+    ) -> Result<Option<i64>>;
+
+    /// [`claim`](Self::claim), and only while the lock `fence.resource` is
+    /// live and holds exactly `fence.token`: decided in the same single
+    /// statement. `None` when either does not hold; the caller reads the
+    /// version and the lock to tell which.
+    async fn claim_fenced(
+        &self,
+        key: &str,
+        expected: i64,
+        lease_id: &str,
+        lease: Duration,
+        fence: &Fence,
     ) -> Result<Option<i64>>;
 
     /// The write happened (or may have, and the backend answered): bump the

@@ -92,7 +92,7 @@ impl<DB: Database> SqlStore<DB> {
             readers,
             writer,
             batcher,
-            versions: VersionSql::new(dialect.now_ms),
+            versions: VersionSql::new(&dialect),
             locks: LockSql::new(&dialect),
             wakeups: Wakeups::new(),
             dialect,

@@ -11,16 +11,20 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::batch::Arg;
-use super::sql::{SqlStore, Stmt};
+use super::sql::{Dialect, SqlStore, Stmt};
 use super::version_cache::Lookup;
 use super::wake::Topic;
-use super::{Lease, VersionState, VersionStore};
+use super::{Fence, Lease, VersionState, VersionStore};
 use crate::error::Result;
 
 pub struct VersionSql {
     current: Stmt,
     claim_new: Stmt,
     claim_existing: Stmt,
+    /// The two claims again, also requiring the guarding lock to hold the
+    /// writer's fencing token (`claim_fenced`).
+    claim_new_fenced: Stmt,
+    claim_existing_fenced: Stmt,
     commit: Stmt,
     abort_inserted: Stmt,
     abort: Stmt,
@@ -29,7 +33,9 @@ pub struct VersionSql {
 }
 
 impl VersionSql {
-    pub fn new(now: &str) -> Self {
+    pub fn new(dialect: &Dialect) -> Self {
+        let now = dialect.now_ms;
+        let for_share = dialect.for_share;
         Self {
             current: Stmt::new(
                 "version_current",
@@ -41,28 +47,15 @@ impl VersionSql {
             // may create it (the caller checks), and a racing insert loses.
             // The row is marked as inserted by this lease, so that a write
             // that never happened takes it away again (`abort_inserted`).
-            claim_new: Stmt::new(
+            claim_new: Stmt::new("version_claim_new", claim_new(now, None)),
+            claim_new_fenced: Stmt::new(
                 "version_claim_new",
-                format!(
-                    "INSERT INTO versions (key, version, updated_at, lease_id, lease_until, lease_inserted) \
-                     VALUES ($1, 1, {now}, $2, {now} + $3, 1) \
-                     ON CONFLICT (key) DO NOTHING RETURNING version"
-                ),
+                claim_new(now, Some(&lock_holds(now, for_share, 4, 5))),
             ),
-            // Free or expired lease, and the effective version is the one the
-            // writer holds: take the lease; an expired one costs a bump.
-            claim_existing: Stmt::new(
+            claim_existing: Stmt::new("version_claim", claim_existing(now, None)),
+            claim_existing_fenced: Stmt::new(
                 "version_claim",
-                format!(
-                    "UPDATE versions SET \
-                       version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
-                       updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
-                       lease_id = $2, lease_until = {now} + $3, lease_inserted = 0 \
-                     WHERE key = $1 \
-                       AND (lease_id IS NULL OR lease_until <= {now}) \
-                       AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4 \
-                     RETURNING version"
-                ),
+                claim_existing(now, Some(&lock_holds(now, for_share, 5, 6))),
             ),
             // Still ours (nobody took it over): bump and release. A lease
             // that ran out but was not taken over may still commit, one past
@@ -130,6 +123,59 @@ impl VersionSql {
     }
 }
 
+/// A key without a row is at version 1; only a writer expecting 1 may
+/// create it (the caller checks), and a racing insert loses. The row is
+/// marked as inserted by this lease, so that a write that never happened
+/// takes it away again (`abort_inserted`). With a `guard`, the row is
+/// inserted only where it holds, in the same statement: an INSERT of a
+/// SELECT whose WHERE is the guard (a SELECT with a WHERE clause is also
+/// what SQLite needs to read the `ON CONFLICT` after it as the upsert).
+fn claim_new(now: &str, guard: Option<&str>) -> String {
+    let row = format!("$1, 1, {now}, $2, {now} + $3, 1");
+    let source = match guard {
+        None => format!("VALUES ({row})"),
+        Some(guard) => format!("SELECT {row} WHERE {guard}"),
+    };
+    format!(
+        "INSERT INTO versions (key, version, updated_at, lease_id, lease_until, lease_inserted) \
+         {source} ON CONFLICT (key) DO NOTHING RETURNING version"
+    )
+}
+
+/// Free or expired lease, and the effective version is the one the writer
+/// holds: take the lease; an expired one costs a bump. A `guard` is one
+/// more condition of the same WHERE.
+fn claim_existing(now: &str, guard: Option<&str>) -> String {
+    let guard = guard.map(|g| format!(" AND {g}")).unwrap_or_default();
+    format!(
+        "UPDATE versions SET \
+           version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
+           updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
+           lease_id = $2, lease_until = {now} + $3, lease_inserted = 0 \
+         WHERE key = $1 \
+           AND (lease_id IS NULL OR lease_until <= {now}) \
+           AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4{guard} \
+         RETURNING version"
+    )
+}
+
+/// Fencing: the lock named by parameter `resource` is live (held, and not
+/// expired by the database's clock at this statement) and holds exactly
+/// the fencing token of parameter `token`. Checked inside the claim, so no
+/// release, expiry or takeover can fall between the check and the claim.
+///
+/// On PostgreSQL the lock row is read `FOR SHARE`: a statement otherwise
+/// reads the lock as of its snapshot, and a takeover committed meanwhile
+/// would go unseen; a locking read waits for it and checks the row as it
+/// now is, and a takeover waits for the claim. (SQLite runs one writer at
+/// a time, so it always reads the row as it is.)
+fn lock_holds(now: &str, for_share: &str, resource: u8, token: u8) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM locks WHERE resource = ${resource} \
+           AND owner IS NOT NULL AND fencing_token = ${token} AND expires_at > {now}{for_share})"
+    )
+}
+
 use Arg as A;
 
 #[async_trait]
@@ -167,24 +213,19 @@ where
         lease_id: &str,
         lease: Duration,
     ) -> Result<Option<i64>> {
-        let row = if expected == 1 {
-            let inserted = self
-                .write_row(
-                    &self.versions.claim_new,
-                    vec![A::text(key), A::text(lease_id), A::millis(lease)],
-                )
-                .await?;
-            match inserted {
-                Some(row) => Some(row),
-                None => self.claim_existing(key, expected, lease_id, lease).await?,
-            }
-        } else {
-            self.claim_existing(key, expected, lease_id, lease).await?
-        };
-        Ok(match row {
-            Some(row) => Some(row.try_get(0)?),
-            None => None,
-        })
+        self.claim_with(key, expected, lease_id, lease, None).await
+    }
+
+    async fn claim_fenced(
+        &self,
+        key: &str,
+        expected: i64,
+        lease_id: &str,
+        lease: Duration,
+        fence: &Fence,
+    ) -> Result<Option<i64>> {
+        self.claim_with(key, expected, lease_id, lease, Some(fence))
+            .await
     }
 
     async fn commit(&self, key: &str, lease_id: &str) -> Result<Option<i64>> {
@@ -234,23 +275,49 @@ where
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
-    async fn claim_existing(
+    /// The claim, with the fencing predicate when `fence` is given: the
+    /// same statements either way, the fenced ones with the lock's resource
+    /// and token as their last two parameters.
+    async fn claim_with(
         &self,
         key: &str,
         expected: i64,
         lease_id: &str,
         lease: Duration,
-    ) -> Result<Option<<DB as Database>::Row>> {
-        self.write_row(
-            &self.versions.claim_existing,
-            vec![
+        fence: Option<&Fence>,
+    ) -> Result<Option<i64>> {
+        let with_fence = |mut args: Vec<Arg>| {
+            if let Some(f) = fence {
+                args.push(A::text(&f.resource));
+                args.push(A::Int(f.token));
+            }
+            args
+        };
+        let (new, existing) = match fence {
+            Some(_) => (
+                &self.versions.claim_new_fenced,
+                &self.versions.claim_existing_fenced,
+            ),
+            None => (&self.versions.claim_new, &self.versions.claim_existing),
+        };
+        let mut row = None;
+        if expected == 1 {
+            let args = vec![A::text(key), A::text(lease_id), A::millis(lease)];
+            row = self.write_row(new, with_fence(args)).await?;
+        }
+        if row.is_none() {
+            let args = vec![
                 A::text(key),
                 A::text(lease_id),
                 A::millis(lease),
                 A::Int(expected),
-            ],
-        )
-        .await
+            ];
+            row = self.write_row(existing, with_fence(args)).await?;
+        }
+        Ok(match row {
+            Some(row) => Some(row.try_get(0)?),
+            None => None,
+        })
     }
 
     /// The key's version as the database has it now.

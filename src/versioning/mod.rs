@@ -12,11 +12,16 @@
 //! * **method** — which method the request is checked as ([`method`]): a
 //!   method override on a `POST` is checked as the write it names; a method
 //!   in the wrong case or any other override is refused.
-//! * **precondition** — the expected version from `If-Match` and the body;
-//!   bad input is refused here, before anything is stored.
+//! * **precondition** — the expected version from `If-Match` and the body,
+//!   and the fencing token from `Lock-Token` ([`fence`]); bad input is
+//!   refused here, before anything is stored.
 //! * **claim** — one conditional UPDATE takes the key's write lease at the
-//!   expected version. A stale writer gets 409 at once; a current writer
-//!   that finds the lease taken waits (bounded) for it, then re-checks.
+//!   expected version (and, for a fenced write, only while the guarding
+//!   lock holds the writer's token: the same statement). A stale writer
+//!   gets 409 at once; a current writer that finds the lease taken waits
+//!   (bounded) for it, then re-checks. A writer whose token its lock no
+//!   longer holds gets 409 `stale-lock-token`, before any version conflict:
+//!   it lost its authority to write at all.
 //! * **forward** — the write goes to the backend without `If-Match` and
 //!   without the version field.
 //! * **commit / abort / bump-and-hold** — 2xx, 3xx and 5xx bump the version
@@ -31,6 +36,7 @@
 
 pub mod coding;
 pub mod detect;
+pub mod fence;
 pub mod method;
 pub mod precondition;
 pub mod splice;
@@ -51,9 +57,9 @@ use crate::error::{Error, Result};
 use crate::metrics::{ConflictReason, RequestKind, UnknownOutcome, VersionMetrics};
 use crate::problem;
 use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
-use crate::resources::{ResourceMap, Route};
+use crate::resources::{Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
-use crate::store::{Lease, Store};
+use crate::store::{Fence, Lease, Store};
 use precondition::Expected;
 
 /// Settings of the wing, from `[versioning]` and `[server]`.
@@ -140,19 +146,19 @@ impl Versioning {
             }
         };
         let (kind, key, result) = match (route, &checked_as) {
-            (Route::Item { key, path }, &Method::GET | &Method::HEAD) => {
+            (Route::Item { key, path, .. }, &Method::GET | &Method::HEAD) => {
                 let pq = with_query(path, req.uri());
                 let result = self.read(req, key, pq, inbound).await;
                 (RequestKind::VersionedRead, key.clone(), result)
             }
-            (Route::Item { key, path }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
+            (Route::Item { key, path, fence }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
                 let pq = with_query(path, req.uri());
-                let result = self.write(req, key, pq, inbound).await;
+                let result = self.write(req, key, fence, pq, inbound).await;
                 (RequestKind::VersionedWrite, key.clone(), result)
             }
-            (Route::Collection { path }, &Method::POST) => {
+            (Route::Collection { path, fence }, &Method::POST) => {
                 let pq = with_query(path, req.uri());
-                let (key, result) = self.create(req, path, pq, inbound).await;
+                let (key, result) = self.create(req, path, fence.as_ref(), pq, inbound).await;
                 (
                     RequestKind::CollectionCreate,
                     key.unwrap_or_default(),
@@ -307,11 +313,18 @@ impl Versioning {
         &self,
         req: Request<Incoming>,
         key: &str,
+        fencing: &Fencing,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
         // precondition
         let (mut parts, body) = req.into_parts();
+        let fence = fence::presented(&parts.headers, fencing).map_err(|e| {
+            if matches!(e, Error::LockRequired { .. }) {
+                self.metrics.conflict(ConflictReason::LockRequired);
+            }
+            (e, None)
+        })?;
         let header_expect = precondition::if_match(&parts.headers).map_err(|e| (e, None))?;
         let raw = self
             .read_request_body(&parts, body)
@@ -341,10 +354,11 @@ impl Versioning {
         self.upstream.prepare(&mut fwd, pq, inbound);
 
         // claim → forward → commit/abort → stamp, in a task of its own so a
-        // client hanging up cannot strand the lease.
+        // client hanging up cannot strand the lease. `Lock-Token` goes on to
+        // the backend unchanged, so a backend may check it too.
         let this = self.clone();
         let key = key.to_string();
-        tokio::spawn(async move { this.claimed_write(key, expected, fwd).await })
+        tokio::spawn(async move { this.claimed_write(key, expected, fence, fwd).await })
             .await
             .unwrap_or_else(|e| {
                 Err((
@@ -358,10 +372,13 @@ impl Versioning {
         &self,
         key: String,
         expected: Expected,
+        fence: Option<Fence>,
         fwd: Request<Body>,
     ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
         let lease_id = uuid::Uuid::new_v4().to_string();
-        let held = self.claim(&key, &expected, &lease_id).await?;
+        let held = self
+            .claim(&key, &expected, &lease_id, fence.as_ref())
+            .await?;
         let outcome = |after, o| Outcome {
             before: Some(held),
             after,
@@ -437,12 +454,16 @@ impl Versioning {
     }
 
     /// Takes the write lease at a version `expected` accepts, waiting for an
-    /// in-flight write on the same key (bounded by `write_wait`).
+    /// in-flight write on the same key (bounded by `write_wait`). A fenced
+    /// write is claimed only while its lock holds its token; whenever it
+    /// is refused, a token the lock no longer holds is the answer, ahead of
+    /// a stale version or a write in progress.
     async fn claim(
         &self,
         key: &str,
         expected: &Expected,
         lease_id: &str,
+        fence: Option<&Fence>,
     ) -> Result<i64, (Error, Option<i64>)> {
         let deadline = Instant::now() + self.settings.write_wait;
         let mut waiter = self.store.wakeups().subscribe(Topic::Version, key);
@@ -450,6 +471,7 @@ impl Versioning {
         loop {
             let state = self.store.current(key).await.map_err(|e| (e, None))?;
             let Some(version) = expected.accepts(state.version) else {
+                self.check_fence(fence, state.version).await?;
                 self.metrics.conflict(ConflictReason::Stale);
                 return Err((
                     Error::Conflict {
@@ -463,6 +485,7 @@ impl Versioning {
             if let Lease::Held { remaining_ms } = state.lease {
                 let now = Instant::now();
                 if now >= deadline {
+                    self.check_fence(fence, state.version).await?;
                     self.metrics.conflict(ConflictReason::WriteInProgress);
                     return Err((
                         Error::WriteInProgress {
@@ -480,12 +503,12 @@ impl Versioning {
                 backoff = (backoff * 2).min(Duration::from_millis(250));
                 continue;
             }
-            if let Some(held) = self
-                .store
-                .claim(key, version, lease_id, self.settings.write_lease)
-                .await
-                .map_err(|e| (e, Some(version)))?
-            {
+            let lease = self.settings.write_lease;
+            let claimed = match fence {
+                Some(f) => self.store.claim_fenced(key, version, lease_id, lease, f),
+                None => self.store.claim(key, version, lease_id, lease),
+            };
+            if let Some(held) = claimed.await.map_err(|e| (e, Some(version)))? {
                 if state.lease == Lease::Expired {
                     // The claim took over a lease that ran out uncommitted,
                     // and bumped the version for that write.
@@ -493,7 +516,8 @@ impl Versioning {
                 }
                 return Ok(held);
             }
-            // Lost a race with another writer: look again.
+            // The lock, or a race with another writer: tell which.
+            self.check_fence(fence, version).await?;
             if Instant::now() >= deadline {
                 self.metrics.conflict(ConflictReason::WriteInProgress);
                 return Err((
@@ -507,18 +531,68 @@ impl Versioning {
         }
     }
 
+    /// For a fenced write that was refused: `stale-lock-token` when its
+    /// lock is not live with exactly its token (read from the store; the
+    /// claim itself decides, this only picks the answer).
+    async fn check_fence(
+        &self,
+        fence: Option<&Fence>,
+        version: i64,
+    ) -> Result<(), (Error, Option<i64>)> {
+        let Some(fence) = fence else {
+            return Ok(());
+        };
+        let lock = self
+            .store
+            .get(&fence.resource)
+            .await
+            .map_err(|e| (e, Some(version)))?;
+        let current = lock.map(|l| l.fencing_token);
+        if current == Some(fence.token) {
+            return Ok(());
+        }
+        self.metrics.conflict(ConflictReason::StaleLockToken);
+        Err((
+            Error::StaleLockToken {
+                lock_resource: fence.resource.clone(),
+                presented: fence.token,
+                current_fencing_token: current,
+            },
+            Some(version),
+        ))
+    }
+
     // -------------------------------------------------------------- create
 
     async fn create(
         &self,
         req: Request<Incoming>,
         collection: &str,
+        fencing: Option<&Fencing>,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> (
         Option<String>,
         Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
     ) {
+        // A POST has no write lease to claim (the item does not exist
+        // yet), so its token is checked by a read just before forwarding:
+        // a creation is fenced against holders that already lost the lock,
+        // not serialised with the writes of the next holder.
+        if let Some(fencing) = fencing {
+            let fence = match fence::presented(req.headers(), fencing) {
+                Ok(f) => f,
+                Err(e) => {
+                    if matches!(e, Error::LockRequired { .. }) {
+                        self.metrics.conflict(ConflictReason::LockRequired);
+                    }
+                    return (None, Err((e, None)));
+                }
+            };
+            if let Err(e) = self.check_fence(fence.as_ref(), 0).await {
+                return (None, Err((e.0, None)));
+            }
+        }
         let mut fwd = req.map(body::boxed);
         self.upstream.prepare(&mut fwd, pq, inbound);
         let resp = match self.upstream.send(fwd).await {
@@ -845,6 +919,8 @@ fn outcome_of(err: &Error) -> &'static str {
     match err {
         Error::Conflict { .. } => "conflict",
         Error::PreconditionRequired => "precondition-required",
+        Error::StaleLockToken { .. } => "stale-lock-token",
+        Error::LockRequired { .. } => "lock-required",
         Error::WriteInProgress { .. } => "write-in-progress",
         Error::GatewayTimeout { .. } => "gateway-timeout",
         Error::BadGateway(_) => "bad-gateway",

@@ -271,6 +271,12 @@ collection = {{ $r.collection | toJson }}
 {{- if $r.case_insensitive_ids }}
 case_insensitive_ids = true
 {{- end }}
+{{- if $r.lock }}
+lock = {{ $r.lock | toJson }}
+{{- end }}
+{{- if $r.require_lock }}
+require_lock = true
+{{- end }}
 {{- end }}
 {{- end }}
 
