@@ -42,13 +42,14 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     // One set of metrics; each service gets its own group of it.
     let metrics = Arc::new(Metrics::new());
 
-    let store = store::connect(
+    let store = store::connect_with(
         &c.database.url,
         &PoolSettings {
             max_connections: c.database.max_connections,
             acquire_timeout: ms(c.database.acquire_timeout_ms),
             idle_timeout: store::DEFAULT_IDLE_TIMEOUT,
         },
+        c.database.notify,
         metrics.db.clone(),
     )
     .await

@@ -122,6 +122,9 @@ pub struct DatabaseConfig {
     pub url: String,
     pub max_connections: u32,
     pub acquire_timeout_ms: u64,
+    /// PostgreSQL wake-ups across replicas (triggers + LISTEN/NOTIFY);
+    /// SQLite ignores it.
+    pub notify: crate::store::Notify,
 }
 
 impl Default for DatabaseConfig {
@@ -130,6 +133,7 @@ impl Default for DatabaseConfig {
             url: "sqlite://lockstep.db".into(),
             max_connections: 16,
             acquire_timeout_ms: 3_000,
+            notify: crate::store::Notify::Auto,
         }
     }
 }
@@ -674,6 +678,18 @@ mod tests {
     fn unknown_env_key_is_an_error() {
         let e = load("", &[("LOCKSTEP_SERVER__LISTN", "x")]).unwrap_err();
         assert!(e.to_string().contains("listn"), "{e}");
+    }
+
+    #[test]
+    fn database_notify_is_auto_unless_turned_off() {
+        use crate::store::Notify;
+        assert_eq!(load("", &[]).unwrap().config.database.notify, Notify::Auto);
+        let c = load("[database]\nnotify = \"off\"\n", &[]).unwrap();
+        assert_eq!(c.config.database.notify, Notify::Off);
+        let c = load("", &[("LOCKSTEP_DATABASE__NOTIFY", "off")]).unwrap();
+        assert_eq!(c.config.database.notify, Notify::Off);
+        let e = load("[database]\nnotify = \"sometimes\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("sometimes"), "{e}");
     }
 
     #[test]

@@ -112,8 +112,8 @@ async fn postgres_wakes_a_waiter_on_another_replica_promptly() {
         return;
     }
     let db = Db::fresh(DbKind::Postgres).await;
-    let a = db.lockstep().start();
-    let b = db.lockstep().start();
+    let a = db.lockstep().database_toml("notify = \"auto\"").start();
+    let b = db.lockstep().database_toml("notify = \"auto\"").start();
     let client = Client::new();
     let mut delays = Vec::new();
     for round in 0..5 {

@@ -16,6 +16,8 @@ mod batch;
 mod breaker;
 mod file_guard;
 mod locks;
+mod pg_notify;
+mod pg_schema;
 pub mod postgres;
 mod sql;
 pub mod sqlite;
@@ -216,16 +218,47 @@ pub struct PoolSettings {
 /// [`PoolSettings::idle_timeout`] unless a test asks for less.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Whether replicas sharing a PostgreSQL database wake each other's
+/// waiters through triggers and LISTEN/NOTIFY (`database.notify`).
+///
+/// Either way correctness is the same: a waiter re-reads the database at
+/// its bounded backoff; a notification only makes it re-read sooner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Notify {
+    /// Install the triggers and listen; if the engine refuses either, say
+    /// so once and run as `Off`.
+    #[default]
+    Auto,
+    /// No triggers (any found are removed), no listener.
+    Off,
+}
+
 /// Opens the database named by `url`, runs the embedded migrations, and
 /// returns the store, which records its statement timings in `metrics`.
+/// PostgreSQL wake-ups are on where the engine allows them
+/// ([`Notify::Auto`]).
 pub async fn connect(
     url: &str,
     pool: &PoolSettings,
     metrics: DbMetrics,
 ) -> Result<Arc<dyn Store>, sqlx::Error> {
+    connect_with(url, pool, Notify::Auto, metrics).await
+}
+
+/// [`connect`], choosing PostgreSQL wake-ups with `notify` (SQLite has
+/// no other process to wake, and ignores it).
+pub async fn connect_with(
+    url: &str,
+    pool: &PoolSettings,
+    notify: Notify,
+    metrics: DbMetrics,
+) -> Result<Arc<dyn Store>, sqlx::Error> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::connect(url, pool, metrics).await?))
     } else {
-        Ok(Arc::new(postgres::connect(url, pool, metrics).await?))
+        Ok(Arc::new(
+            postgres::connect(url, pool, notify, metrics).await?,
+        ))
     }
 }

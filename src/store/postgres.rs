@@ -2,8 +2,8 @@
 //!
 //! The database clock is `now()`, the start of the (single-statement)
 //! transaction, so one statement sees one instant. Migrations run at start-up
-//! from every replica; sqlx's migrator serialises them with a lock of its own
-//! for the duration of the migration only.
+//! from every replica, one at a time (`pg_schema.rs`); then the wake-ups
+//! across replicas are set up as `database.notify` asks (`pg_notify.rs`).
 //!
 //! A shared database may be down when a replica starts, or go away later:
 //! the pool connects lazily and the migrations are retried in the
@@ -17,12 +17,13 @@
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Connection, Postgres};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::Breaker;
 use super::sql::{Dialect, SqlStore};
-use super::wake::{Topic, Wakeups};
-use super::PoolSettings;
+use super::wake::Wakeups;
+use super::{pg_notify, pg_schema, Notify, PoolSettings};
 use crate::metrics::DbMetrics;
 
 pub const DIALECT: Dialect = Dialect {
@@ -32,11 +33,10 @@ pub const DIALECT: Dialect = Dialect {
     for_update: " FOR UPDATE",
 };
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
-
 pub async fn connect(
     url: &str,
     settings: &PoolSettings,
+    notify: Notify,
     metrics: DbMetrics,
 ) -> Result<SqlStore<Postgres>, sqlx::Error> {
     let options = PgConnectOptions::from_str(url)?.application_name("lockstep");
@@ -47,15 +47,74 @@ pub async fn connect(
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(settings.max_connections)
         .idle_timeout(settings.idle_timeout)
-        .connect_lazy_with(options);
-    if let Err(e) = MIGRATOR.run(&pool).await {
-        tracing::warn!(error = %crate::error::chain(&e), "database not ready; retrying migrations in the background");
-        tokio::spawn(migrate_until_done(pool.clone()));
-    }
+        .connect_lazy_with(options.clone());
     let store = SqlStore::new(pool.clone(), pool.clone(), None, DIALECT, metrics)
         .with_breaker(breaker.clone());
-    tokio::spawn(relay_notifications(pool, store.wakeups.clone(), breaker));
+    let setup = SetUp {
+        options,
+        connect_timeout: settings.acquire_timeout,
+        pool,
+        notify,
+        wakeups: store.wakeups.clone(),
+        breaker,
+    };
+    match setup.once().await {
+        Ok(listener) => setup.relay(listener),
+        Err(e) => {
+            tracing::warn!(error = %crate::error::chain(&*e), "database not ready; retrying migrations in the background");
+            tokio::spawn(setup.until_done());
+        }
+    }
     Ok(store)
+}
+
+/// What start-up does to the database before it serves: migrate, then set
+/// up the wake-ups.
+struct SetUp {
+    options: PgConnectOptions,
+    connect_timeout: Duration,
+    pool: sqlx::PgPool,
+    notify: Notify,
+    wakeups: Wakeups,
+    breaker: Arc<Breaker>,
+}
+
+impl SetUp {
+    async fn once(&self) -> Result<Option<PgListener>, Box<dyn std::error::Error + Send + Sync>> {
+        pg_schema::migrate(&self.options, self.connect_timeout).await?;
+        Ok(pg_notify::set_up(&self.pool, self.notify).await?)
+    }
+
+    /// Retries with a capped backoff until the set-up succeeds.
+    async fn until_done(self) {
+        let mut delay = Duration::from_millis(250);
+        loop {
+            tokio::time::sleep(delay).await;
+            match self.once().await {
+                Ok(listener) => {
+                    tracing::info!("database reachable and migrated");
+                    self.relay(listener);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %crate::error::chain(&*e), "database still not ready");
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Relays the wake-ups, when they are on, for the life of the process.
+    fn relay(&self, listener: Option<PgListener>) {
+        if let Some(listener) = listener {
+            tokio::spawn(pg_notify::relay(
+                listener,
+                self.pool.clone(),
+                self.wakeups.clone(),
+                self.breaker.clone(),
+            ));
+        }
+    }
 }
 
 /// One fresh connection (not from the pool, which would retry until its
@@ -68,77 +127,5 @@ async fn probe(options: PgConnectOptions) -> bool {
             ok
         }
         Err(_) => false,
-    }
-}
-
-/// Feeds the releases other replicas announce (see
-/// `migrations/postgres/0002_notify.sql`) into this replica's wake-ups, so a
-/// waiter here re-checks as soon as a lock or a write lease is released
-/// anywhere. Reconnects with a capped backoff; while disconnected, waiters
-/// fall back on their bounded re-checks. A lost connection is also the
-/// quickest sign that the database went away: the breaker is told.
-async fn relay_notifications(
-    pool: sqlx::PgPool,
-    wakeups: Wakeups,
-    breaker: std::sync::Arc<Breaker>,
-) {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        let listener = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
-        };
-        match listener.await {
-            Ok(mut listener) => {
-                delay = Duration::from_millis(250);
-                // Report a lost connection at once instead of reconnecting
-                // inside `try_recv` (which waits out the pool's timeout).
-                listener.eager_reconnect(false);
-                loop {
-                    match listener.try_recv().await {
-                        Ok(Some(n)) => match n.payload().split_once(':') {
-                            Some(("lock", name)) => wakeups.notify(Topic::Lock, name),
-                            Some(("version", key)) => wakeups.notify(Topic::Version, key),
-                            _ => {}
-                        },
-                        Ok(None) => {
-                            tracing::debug!("notification listener lost its connection");
-                            breaker.suspect();
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "notification listener failed");
-                            breaker.suspect();
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot listen for notifications yet"),
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// The notification channel the triggers and the listener agree on.
-const CHANNEL: &str = "lockstep";
-
-/// Retries the migrations with a capped backoff until they succeed.
-async fn migrate_until_done(pool: sqlx::PgPool) {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        tokio::time::sleep(delay).await;
-        match MIGRATOR.run(&pool).await {
-            Ok(()) => {
-                tracing::info!("database reachable and migrated");
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(error = %crate::error::chain(&e), "database still not ready");
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
     }
 }

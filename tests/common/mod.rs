@@ -424,6 +424,9 @@ fn remove_lockstep_env(cmd: &mut Command) {
 /// level = "info"
 /// ```
 ///
+/// (with `notify = "<value>"` in `[database]` when the test run sets
+/// `LOCKSTEP_TEST_DATABASE_NOTIFY`).
+///
 /// Every fragment is parsed as TOML and merged in, in order: tables merge key
 /// by key (a later value wins), arrays of tables (`[[resources]]`) append. When
 /// no fragment names a `resources` entry, the defaults are added:
@@ -552,6 +555,14 @@ impl LockstepBuilder {
             database = toml_string(self.database.as_deref().unwrap_or(database_url)),
         );
         merge_toml(&mut config, parse_toml(&base));
+        // scripts/test runs the PostgreSQL suites once more with wake-ups
+        // off; a test that needs them says `notify = "auto"` itself.
+        if let Ok(notify) = std::env::var("LOCKSTEP_TEST_DATABASE_NOTIFY") {
+            merge_toml(
+                &mut config,
+                parse_toml(&format!("[database]\nnotify = {}\n", toml_string(&notify))),
+            );
+        }
         for fragment in &self.fragments {
             merge_toml(&mut config, parse_toml(fragment));
         }
