@@ -37,7 +37,11 @@ pub enum Until {
 
 /// Checks the model with `rules` within `bounds`.
 pub fn run(rules: Rules, bounds: Bounds, until: Until) -> Report {
-    let model = System::new(rules, bounds);
+    run_model(System::new(rules, bounds), until)
+}
+
+/// Checks `model` (for runs that go on past some broken properties).
+pub fn run_model(model: System, until: Until) -> Report {
     let properties = model.properties();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut builder = model.checker().threads(threads);

@@ -26,6 +26,8 @@ fn main() -> ExitCode {
             ("versions", Bounds::VERSIONS),
             ("versions, cache", Bounds::VERSIONS_CACHED),
             ("locks", Bounds::LOCKS),
+            ("versions, group commit", Bounds::DURABLE_VERSIONS),
+            ("locks, group commit", Bounds::DURABLE_LOCKS),
         ]
     };
     let mut failed = false;

@@ -51,11 +51,41 @@ pub struct Rules {
     /// of the claim statement; when off, it is a separate statement run just
     /// before the claim.
     pub fence_in_claim: bool,
-    /// Read cache: a fill is kept only if no write ended since its lookup.
+    /// Read cache: a fill is kept only if no write began or ended since its
+    /// lookup.
     pub cache_fill_checks_generation: bool,
+    /// Read cache: every write statement holds a `Writing` guard from before
+    /// it is sent until after it ran; while any is held, lookups miss and
+    /// fills are refused. Off: the old design, which only emptied the cache
+    /// after the statement had run.
+    pub cache_guard_spans_statement: bool,
     /// The assumption, not a rule of lockstep: the backend applies a write
     /// only while the write lease taken for it is live.
     pub backend_within_lease: bool,
+
+    // Proposed changes, not lockstep as built: `false` in [`Rules::ALL`] and
+    // not walked by [`Rules::each`]; a test turns them on and states the
+    // checker's verdict.
+    /// Proposal A (SQLite group commit): a lock release is answered once its
+    /// statement has run in the batch transaction, before the batch's
+    /// COMMIT makes it durable; a crash may lose it.
+    pub release_acked_before_durable: bool,
+    /// Proposal B: the same for a version `commit` statement.
+    pub commit_acked_before_durable: bool,
+    /// Proposal B's restart rule: at start-up, before serving, every version
+    /// row whose lease is still held gets `version + 1` and keeps its lease
+    /// until `lease_until`, under a lease id no handler has.
+    pub restart_bumps_held_leases: bool,
+    /// A stronger restart rule: rows whose lease ran out are bumped too
+    /// (and keep it), so their effective version is `version + 2`, the
+    /// most a lost late commit can have answered.
+    pub restart_bumps_run_out_leases: bool,
+    /// With a proposal on: readers see what a batch has run before it is
+    /// durable (COMMIT visible at once, fsync later, as with
+    /// `synchronous = NORMAL`). Off: readers see only what is durable (the
+    /// answer comes before COMMIT, and SQLite shows readers a WAL commit
+    /// only after its fsync).
+    pub reads_see_undurable: bool,
 }
 
 impl Rules {
@@ -76,7 +106,39 @@ impl Rules {
         sweep_raises_floor: true,
         fence_in_claim: true,
         cache_fill_checks_generation: true,
+        cache_guard_spans_statement: true,
         backend_within_lease: true,
+        release_acked_before_durable: false,
+        commit_acked_before_durable: false,
+        restart_bumps_held_leases: false,
+        restart_bumps_run_out_leases: false,
+        reads_see_undurable: false,
+    };
+
+    /// Proposal A: lock releases answered before they are durable.
+    pub const EARLY_RELEASE: Rules = Rules {
+        release_acked_before_durable: true,
+        ..Rules::ALL
+    };
+
+    /// Proposal B without its restart rule: commits answered before they
+    /// are durable, readers see the batch.
+    pub const EARLY_COMMIT: Rules = Rules {
+        commit_acked_before_durable: true,
+        reads_see_undurable: true,
+        ..Rules::ALL
+    };
+
+    /// Proposal B as proposed: early commits and the restart rule.
+    pub const EARLY_COMMIT_RESTART: Rules = Rules {
+        restart_bumps_held_leases: true,
+        ..Rules::EARLY_COMMIT
+    };
+
+    /// Proposal B with the restart rule extended to leases that ran out.
+    pub const EARLY_COMMIT_RESTART_ALL: Rules = Rules {
+        restart_bumps_run_out_leases: true,
+        ..Rules::EARLY_COMMIT_RESTART
     };
 
     /// Every rule by name, with a setter that turns it off: the list the
@@ -107,6 +169,9 @@ impl Rules {
             ("fence_in_claim", |r| r.fence_in_claim = false),
             ("cache_fill_checks_generation", |r| {
                 r.cache_fill_checks_generation = false
+            }),
+            ("cache_guard_spans_statement", |r| {
+                r.cache_guard_spans_statement = false
             }),
             ("backend_within_lease", |r| r.backend_within_lease = false),
         ]

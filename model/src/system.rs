@@ -10,7 +10,7 @@
 
 use stateright::{Model, Property};
 
-use crate::db::{Db, Grant, LeaseView};
+use crate::db::{Db, Grant, LeaseView, VersionRow};
 use crate::rules::Rules;
 
 /// How large a world to explore.
@@ -46,6 +46,14 @@ pub struct Bounds {
     /// The sweeper runs (removes lock rows expired for `retention` ticks).
     pub sweeper: bool,
     pub retention: u8,
+    /// SQLite's group commit: write statements run inside a batch
+    /// transaction that becomes durable (and, as built, visible to readers)
+    /// at its COMMIT, a step of its own; a crash loses an open batch.
+    /// Needs `cache` (one process). Off: each statement is durable at once.
+    pub group_commit: bool,
+    /// Group commit: the clock may tick while a batch is open (a statement
+    /// decides with `now` at its run and becomes visible at COMMIT, later).
+    pub ticks_in_batch: bool,
 }
 
 impl Bounds {
@@ -65,6 +73,8 @@ impl Bounds {
         crashes: 1,
         sweeper: false,
         retention: 0,
+        group_commit: false,
+        ticks_in_batch: false,
     };
 
     /// The same on one process with the read cache.
@@ -89,6 +99,8 @@ impl Bounds {
         crashes: 0,
         sweeper: true,
         retention: 0,
+        group_commit: false,
+        ticks_in_batch: false,
     };
 
     /// Each of two writers writes twice, with no crash and a short clock:
@@ -104,6 +116,28 @@ impl Bounds {
     pub const TWO_WRITES_CACHED: Bounds = Bounds {
         cache: true,
         ..Bounds::TWO_WRITES
+    };
+
+    /// Versioned writes on SQLite with group commit: one process, the read
+    /// cache, a crash that loses the open batch.
+    pub const DURABLE_VERSIONS: Bounds = Bounds {
+        group_commit: true,
+        ..Bounds::VERSIONS_CACHED
+    };
+
+    /// The same where the clock may tick between a statement and its
+    /// batch's COMMIT.
+    pub const DURABLE_VERSIONS_SLOW_COMMIT: Bounds = Bounds {
+        ticks_in_batch: true,
+        ..Bounds::DURABLE_VERSIONS
+    };
+
+    /// Locks and fenced writes on SQLite with group commit and a crash.
+    pub const DURABLE_LOCKS: Bounds = Bounds {
+        cache: true,
+        group_commit: true,
+        crashes: 1,
+        ..Bounds::LOCKS
     };
 
     /// Deeper runs, for `--deep` (minutes to hours, by hand).
@@ -184,6 +218,11 @@ pub enum Req {
     },
     /// A fenced claim failed: read the lock to choose the answer.
     Diagnose,
+    /// A fenced write's `If-Match` is stale: read the lock, since a stale
+    /// token is the answer ahead of a stale version.
+    DiagnoseStale {
+        version: u8,
+    },
     /// Claimed: forward to the backend.
     Forward {
         until: u8,
@@ -214,9 +253,19 @@ pub struct Client {
     pub lock: Option<(u8, u8)>,
     pub write: Option<Write>,
     pub req: Req,
-    /// A version statement ran; the cache is invalidated in a step of its
-    /// own before this handler goes on (cache only).
+    /// Holds a `Writing` guard of the read cache (taken in a step of its
+    /// own before a write statement is sent).
+    pub guard: bool,
+    /// A version statement ran; the guard is dropped (or, with rule
+    /// `cache_guard_spans_statement` off, the cache invalidated) in a step
+    /// of its own before this handler goes on (cache only).
     pub invalidate_pending: bool,
+    /// Group commit: the statement ran in the open batch; the handler goes
+    /// on once the batch is durable.
+    pub waiting_batch: bool,
+    /// Group commit: the answer of a lock call, given once its batch is
+    /// durable.
+    pub lock_answer: Option<LockAnswer>,
     /// No write has invalidated the cache since this read's lookup.
     pub ticket_valid: bool,
     /// Writes started (makes lease ids unique).
@@ -227,6 +276,17 @@ pub struct Client {
     /// The highest version a *committed write* had answered when this
     /// request was sent: the least version the read cache promises.
     pub write_floor: u8,
+}
+
+/// A lock call's answer, waiting for the batch that makes it durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockAnswer {
+    /// Acquire or renew: the token and expiry the client is given.
+    Granted {
+        token: u8,
+        expires: u8,
+    },
+    Released,
 }
 
 /// A write the backend received and has not finished.
@@ -297,11 +357,35 @@ impl Seen {
     pub const STALE_409: u16 = 1 << 9;
     pub const FENCED_APPLIED: u16 = 1 << 10;
     pub const CRASH_AFTER_FORWARD: u16 = 1 << 11;
+    /// A crash lost a statement that had already been answered.
+    pub const ANSWERED_LOST: u16 = 1 << 12;
+    /// One batch held an early-answered statement and a claim.
+    pub const SHARED_BATCH: u16 = 1 << 13;
+    /// The restart rule bumped a held lease.
+    pub const RESTART_BUMP: u16 = 1 << 14;
+}
+
+/// Bits of [`State::batch`]: what the open batch holds.
+pub struct InBatch;
+impl InBatch {
+    pub const ANSWERED: u8 = 1;
+    pub const CLAIM: u8 = 1 << 1;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct State {
+    /// The database as the writer sees it: every statement run, the open
+    /// batch's included.
     pub db: Db,
+    /// Group commit, while a batch is open: the database as it was before
+    /// the batch (durable; its clock is not used). `None`: nothing open.
+    pub durable: Option<Db>,
+    /// Bits of [`InBatch`].
+    pub batch: u8,
+    /// What the history said when the open batch began: commit ack, last
+    /// grant, highest token (a lost batch's unanswered statements never
+    /// happened for the clients).
+    pub batch_history: (u8, Option<(u8, u8)>, u8),
     /// The read cache's entry for the key.
     pub cache: Option<u8>,
     pub clients: Vec<Client>,
@@ -341,6 +425,8 @@ pub enum Action {
     /// The backend applies the write in job `i`.
     Apply(u8),
     Invalidate(u8),
+    /// Group commit: the open batch's COMMIT; it is durable (and visible).
+    Sync,
 }
 
 /// The model: rules and bounds.
@@ -348,11 +434,18 @@ pub enum Action {
 pub struct System {
     pub rules: Rules,
     pub bounds: Bounds,
+    /// Bits of [`Broken`] that do not end a path, so the properties broken
+    /// after them are found too.
+    pub go_on_past: u16,
 }
 
 impl System {
     pub fn new(rules: Rules, bounds: Bounds) -> Self {
-        Self { rules, bounds }
+        Self {
+            rules,
+            bounds,
+            go_on_past: 0,
+        }
     }
 }
 
@@ -433,6 +526,51 @@ impl State {
         }
     }
 
+    /// The number of `Writing` guards held.
+    fn writing(&self) -> usize {
+        self.clients.iter().filter(|c| c.guard).count()
+    }
+
+    /// The cache's `start_over`: a new generation, nothing cached.
+    fn start_over(&mut self) {
+        self.cache = None;
+        for c in self.clients.iter_mut() {
+            c.ticket_valid = false;
+        }
+    }
+
+    /// A cache lookup: a hit only while no write statement may land.
+    fn lookup(&self, cache_on: bool) -> Option<u8> {
+        self.cache.filter(|_| cache_on && self.writing() == 0)
+    }
+
+    /// Group commit: a write statement is about to run; open a batch if
+    /// none is.
+    fn open_batch(&mut self, group_commit: bool) {
+        if group_commit && self.durable.is_none() {
+            let db = self.db.clone();
+            self.begin_batch(db);
+        }
+    }
+
+    /// A batch opens on `before`, the database as it is durable.
+    fn begin_batch(&mut self, before: Db) {
+        self.durable = Some(before);
+        self.batch = 0;
+        let h = &self.history;
+        self.batch_history = (h.last_commit_ack, h.last_grant, h.max_token);
+    }
+
+    /// Records what the open batch now holds.
+    fn in_batch(&mut self, group_commit: bool, bit: u8) {
+        if group_commit {
+            self.batch |= bit;
+            if self.batch == InBatch::ANSWERED | InBatch::CLAIM {
+                self.history.seen |= Seen::SHARED_BATCH;
+            }
+        }
+    }
+
     fn live_holders(&self) -> usize {
         self.clients
             .iter()
@@ -463,7 +601,10 @@ impl Model for System {
                 lock: None,
                 write: None,
                 req: Req::Idle,
+                guard: false,
                 invalidate_pending: false,
+                waiting_batch: false,
+                lock_answer: None,
                 ticket_valid: false,
                 seq: 0,
                 floor: 0,
@@ -472,6 +613,9 @@ impl Model for System {
             .collect();
         vec![State {
             db: Db::default(),
+            durable: None,
+            batch: 0,
+            batch_history: (0, None, 0),
             cache: None,
             clients,
             jobs: Vec::new(),
@@ -484,23 +628,36 @@ impl Model for System {
     }
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
-        if s.history.broken != 0 {
+        if s.history.broken & !self.go_on_past != 0 {
             // A counterexample ends its path.
             return;
         }
         let b = &self.bounds;
-        if s.db.clock < b.max_clock {
+        if s.db.clock < b.max_clock && (s.durable.is_none() || b.ticks_in_batch) {
             actions.push(Action::Tick);
         }
-        if b.sweeper && s.db.lock.is_some() {
+        // The sweeper's transaction waits for the batch (one writer).
+        if b.sweeper && s.db.lock.is_some() && s.durable.is_none() {
             actions.push(Action::Sweep);
         }
-        let busy = s.clients.iter().any(|c| c.req != Req::Idle);
+        if s.durable.is_some() {
+            actions.push(Action::Sync);
+        }
+        let lease_held = s.db.row.is_some_and(|r| r.lease.is_some());
+        let busy = s
+            .clients
+            .iter()
+            .any(|c| c.req != Req::Idle || c.lock_answer.is_some())
+            || s.durable.is_some()
+            || (self.rules.restart_bumps_held_leases && lease_held);
         if s.crashes_left > 0 && busy && b.cache {
             actions.push(Action::Crash(None));
         }
         for (i, c) in s.clients.iter().enumerate() {
             let iu = i as u8;
+            if c.waiting_batch || c.lock_answer.is_some() {
+                continue;
+            }
             if c.invalidate_pending {
                 actions.push(Action::Invalidate(iu));
                 continue;
@@ -558,8 +715,23 @@ impl Model for System {
         let mut s = last.clone();
         let r = &self.rules;
         let b = &self.bounds;
+        let gc = b.group_commit;
         match action {
             Action::Tick => s.db.clock += 1,
+            Action::Sync => {
+                s.durable = None;
+                s.batch = 0;
+                for i in 0..s.clients.len() {
+                    s.clients[i].waiting_batch = false;
+                    match s.clients[i].lock_answer.take() {
+                        Some(LockAnswer::Granted { token, expires }) => {
+                            s.clients[i].lock = Some((token, expires));
+                        }
+                        Some(LockAnswer::Released) => s.clients[i].lock = None,
+                        None => {}
+                    }
+                }
+            }
             Action::Sweep => {
                 if !s.db.sweep(r, b.retention) {
                     return None;
@@ -576,7 +748,11 @@ impl Model for System {
                     if matches!(s.clients[i].req, Req::Await) {
                         s.history.seen |= Seen::CRASH_AFTER_FORWARD;
                     }
-                    s.clients[i].invalidate_pending = false;
+                    let c = &mut s.clients[i];
+                    c.guard = false;
+                    c.invalidate_pending = false;
+                    c.waiting_batch = false;
+                    c.lock_answer = None;
                     s.finish(i);
                     for job in s.jobs.iter_mut().filter(|j| idx(j.client) == i) {
                         job.awaited = false;
@@ -585,21 +761,24 @@ impl Model for System {
                 s.jobs.retain(|j| j.awaited || !j.applied);
                 if who.is_none() {
                     s.cache = None;
+                    self.restart(&mut s);
                 }
             }
             Action::Invalidate(i) => {
-                s.cache = None;
-                for c in s.clients.iter_mut() {
-                    c.ticket_valid = false;
-                }
-                s.clients[idx(i)].invalidate_pending = false;
+                // The guard is dropped (or, in the old design, the cache is
+                // invalidated): either way a new generation, nothing cached.
+                let c = &mut s.clients[idx(i)];
+                c.guard = false;
+                c.invalidate_pending = false;
+                s.start_over();
             }
             Action::StartRead(i) => {
                 s.send(idx(i));
+                let hit = s.lookup(b.cache);
                 let c = &mut s.clients[idx(i)];
                 c.ticket_valid = true;
-                match s.cache {
-                    Some(v) if b.cache => {
+                match hit {
+                    Some(v) => {
                         c.req = Req::ReadBackend { version: v };
                         s.history.seen |= Seen::CACHE_HIT;
                         s.shown(idx(i), v);
@@ -631,27 +810,40 @@ impl Model for System {
                 };
             }
             Action::Acquire(i) => {
-                let c = &mut s.clients[idx(i)];
-                c.acquires_left -= 1;
+                s.clients[idx(i)].acquires_left -= 1;
+                let before = s.db.clone();
                 // Held by another (None): 409 lock-held, nothing changes.
                 if let Some((token, expires, grant)) = s.db.acquire(r, i, b.ttl) {
-                    s.clients[idx(i)].lock = Some((token, expires));
                     if grant == Grant::Reclaimed {
                         s.history.seen |= Seen::LOCK_RECLAIMED;
                     }
-                    s.grant(i, token);
+                    self.lock_granted(&mut s, before, i, token, expires);
                 }
             }
-            Action::Renew(i) => match s.db.renew(r, i, b.ttl) {
-                Some((token, expires)) => {
-                    s.clients[idx(i)].lock = Some((token, expires));
-                    s.grant(i, token);
+            Action::Renew(i) => {
+                let before = s.db.clone();
+                match s.db.renew(r, i, b.ttl) {
+                    Some((token, expires)) => self.lock_granted(&mut s, before, i, token, expires),
+                    None => s.clients[idx(i)].lock = None,
                 }
-                None => s.clients[idx(i)].lock = None,
-            },
+            }
             Action::Release(i) => {
-                s.db.release(i);
-                s.clients[idx(i)].lock = None;
+                let before = s.db.clone();
+                if gc && s.db.release(i) {
+                    if s.durable.is_none() {
+                        s.begin_batch(before);
+                    }
+                    if r.release_acked_before_durable {
+                        s.clients[idx(i)].lock = None;
+                        s.in_batch(gc, InBatch::ANSWERED);
+                    } else {
+                        s.clients[idx(i)].lock_answer = Some(LockAnswer::Released);
+                    }
+                } else {
+                    // Released, or 409 (not live): said at once.
+                    s.db.release(i);
+                    s.clients[idx(i)].lock = None;
+                }
             }
             Action::Apply(j) => {
                 let job = s.jobs[idx(j)];
@@ -706,7 +898,9 @@ impl Model for System {
             }
             Action::Step(i) => self.step(&mut s, idx(i))?,
         }
-        let (effective, _) = s.db.current();
+        // What readers can see: with group commit, only what is durable
+        // (as built).
+        let (effective, _) = self.read_view(&s).current();
         if effective < s.history.max_db_version {
             s.history.broken |= Broken::DB_VERSION_WENT_BACK;
         }
@@ -780,21 +974,121 @@ impl Model for System {
             Property::sometimes("a fenced write is applied", |_, s| {
                 seen(s, Seen::FENCED_APPLIED)
             }),
+            Property::sometimes("a crash loses an answered statement", |_, s| {
+                seen(s, Seen::ANSWERED_LOST)
+            }),
+            Property::sometimes("one batch holds an early answer and a claim", |_, s| {
+                seen(s, Seen::SHARED_BATCH)
+            }),
+            Property::sometimes("the restart rule bumps a held lease", |_, s| {
+                seen(s, Seen::RESTART_BUMP)
+            }),
         ]
     }
 }
 
+/// The lease id of lockstep's restart rule: no handler has it (theirs start
+/// at 1).
+const RESTART_LEASE: u8 = 0;
+
 impl System {
+    /// The database as a reader sees it (`current`, the lock read of a
+    /// refused fenced write): with group commit, only what is durable,
+    /// unless rule `reads_see_undurable`.
+    fn read_view(&self, s: &State) -> Db {
+        match &s.durable {
+            Some(d) if self.bounds.group_commit && !self.rules.reads_see_undurable => {
+                let mut d = d.clone();
+                d.clock = s.db.clock;
+                d
+            }
+            _ => s.db.clone(),
+        }
+    }
+
+    /// lockstep (one process) died: the open batch is lost; with the
+    /// restart rule, every held lease is bumped and kept until it runs out
+    /// before anything is served.
+    fn restart(&self, s: &mut State) {
+        if let Some(mut d) = s.durable.take() {
+            let (ack, grant, token) = s.batch_history;
+            if s.batch & InBatch::ANSWERED != 0 {
+                s.history.seen |= Seen::ANSWERED_LOST;
+            } else {
+                s.history.last_commit_ack = ack;
+            }
+            s.history.last_grant = grant;
+            s.history.max_token = token;
+            d.clock = s.db.clock;
+            s.db = d;
+            s.batch = 0;
+        }
+        if !self.rules.restart_bumps_held_leases {
+            return;
+        }
+        if let Some(row) = s.db.row {
+            if let Some(mut l) = row.lease {
+                if l.until > s.db.clock || self.rules.restart_bumps_run_out_leases {
+                    l.id = RESTART_LEASE;
+                    l.inserted = false;
+                    s.db.row = Some(VersionRow {
+                        version: row.version + 1,
+                        lease: Some(l),
+                    });
+                    s.history.seen |= Seen::RESTART_BUMP;
+                }
+            }
+        }
+    }
+
+    /// An acquire or renew statement granted client `i` the lock; `before`
+    /// is the database before it. With group commit the answer waits for
+    /// the batch.
+    fn lock_granted(&self, s: &mut State, before: Db, i: u8, token: u8, expires: u8) {
+        if self.bounds.group_commit {
+            if s.durable.is_none() {
+                s.begin_batch(before);
+            }
+            s.clients[idx(i)].lock_answer = Some(LockAnswer::Granted { token, expires });
+        } else {
+            s.clients[idx(i)].lock = Some((token, expires));
+        }
+        s.grant(i, token);
+    }
+
     /// One step of client `i`'s request handler; `None` when it cannot move
     /// (a claim loop looking at a lease still held).
     fn step(&self, s: &mut State, i: usize) -> Option<()> {
         let r = &self.rules;
         let b = &self.bounds;
+        let gc = b.group_commit;
         let write = s.clients[i].write;
-        match s.clients[i].req {
+        let req = s.clients[i].req;
+        let statement = matches!(
+            req,
+            Req::ClaimNew { .. }
+                | Req::ClaimExisting { .. }
+                | Req::Commit { .. }
+                | Req::AbortInserted
+                | Req::Abort
+                | Req::BumpAndHold
+        );
+        if statement {
+            if b.cache && r.cache_guard_spans_statement && !s.clients[i].guard {
+                // `VersionCache::writing()`, before the statement is sent.
+                s.clients[i].guard = true;
+                s.start_over();
+                return Some(());
+            }
+            s.open_batch(gc);
+            // As built, the statement's answer comes once its batch is
+            // durable; an early-answered commit changes this below.
+            s.clients[i].waiting_batch = gc;
+        }
+        match req {
             Req::Idle | Req::Await => return None,
             Req::ReadDb => {
-                let (version, lease) = s.db.current();
+                let (version, lease) = self.read_view(s).current();
                 s.shown(i, version);
                 s.clients[i].req = if b.cache && lease == LeaseView::Free {
                     Req::ReadFill { version }
@@ -803,7 +1097,8 @@ impl System {
                 };
             }
             Req::ReadFill { version } => {
-                if s.clients[i].ticket_valid || !r.cache_fill_checks_generation {
+                let kept = s.clients[i].ticket_valid && s.writing() == 0;
+                if kept || !r.cache_fill_checks_generation {
                     s.cache = Some(version);
                 }
                 s.clients[i].req = Req::ReadBackend { version };
@@ -816,11 +1111,17 @@ impl System {
             Req::Current => {
                 let w = write?;
                 // The write path's `current` goes through the cache too.
-                let (version, lease) = match s.cache {
-                    Some(v) if b.cache => (v, LeaseView::Free),
-                    _ => s.db.current(),
+                let (version, lease) = match s.lookup(b.cache) {
+                    Some(v) => (v, LeaseView::Free),
+                    None => self.read_view(s).current(),
                 };
                 if let Some(e) = w.expected {
+                    if e != version && w.token.is_some() {
+                        // A stale token is the answer ahead of a stale
+                        // version: read the lock first.
+                        s.clients[i].req = Req::DiagnoseStale { version };
+                        return Some(());
+                    }
                     if e != version {
                         // 409 with the current version in ETag and body.
                         s.history.seen |= Seen::STALE_409;
@@ -843,7 +1144,7 @@ impl System {
             }
             Req::Fence => {
                 let w = write?;
-                if w.token.is_some_and(|t| s.db.lock_live_with(t)) {
+                if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
                     s.clients[i].req = Req::Current;
                 } else {
                     s.history.seen |= Seen::FENCED_REFUSED;
@@ -855,9 +1156,12 @@ impl System {
                 let fence = w.token.filter(|_| r.fence_in_claim);
                 s.clients[i].invalidate_pending = b.cache;
                 s.clients[i].req = match s.db.claim_new(w.id, b.lease, fence) {
-                    Some(_) => Req::Forward {
-                        until: s.db.clock + b.lease,
-                    },
+                    Some(_) => {
+                        s.in_batch(gc, InBatch::CLAIM);
+                        Req::Forward {
+                            until: s.db.clock + b.lease,
+                        }
+                    }
                     None => Req::ClaimExisting { version },
                 };
             }
@@ -870,6 +1174,7 @@ impl System {
                         if took_over {
                             s.history.seen |= Seen::LEASE_TAKEOVER;
                         }
+                        s.in_batch(gc, InBatch::CLAIM);
                         Req::Forward {
                             until: s.db.clock + b.lease,
                         }
@@ -880,13 +1185,25 @@ impl System {
             }
             Req::Diagnose => {
                 let w = write?;
-                if w.token.is_some_and(|t| s.db.lock_live_with(t)) {
+                if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
                     s.clients[i].req = Req::Current;
                 } else {
                     // 409 stale-lock-token; the backend is not called.
                     s.history.seen |= Seen::FENCED_REFUSED;
                     s.finish(i);
                 }
+            }
+            Req::DiagnoseStale { version } => {
+                let w = write?;
+                if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
+                    // 409 with the current version in ETag and body.
+                    s.history.seen |= Seen::STALE_409;
+                    s.shown(i, version);
+                    s.answered(version);
+                } else {
+                    s.history.seen |= Seen::FENCED_REFUSED;
+                }
+                s.finish(i);
             }
             Req::Forward { until } => {
                 let w = write?;
@@ -910,6 +1227,13 @@ impl System {
                         }
                     }
                     None => s.history.seen |= Seen::LEASE_LOST,
+                }
+                if r.commit_acked_before_durable {
+                    // Proposal B: answered before the batch is durable.
+                    s.clients[i].waiting_batch = false;
+                    if done.is_some() {
+                        s.in_batch(gc, InBatch::ANSWERED);
+                    }
                 }
                 let ack = if ack { done.map(|(v, _)| v) } else { None };
                 if let Some(v) = ack {
