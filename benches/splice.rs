@@ -54,10 +54,7 @@ fn main() {
     for (label, size) in [("2 KiB", 2 << 10), ("64 KiB", 64 << 10), ("1 MiB", 1 << 20)] {
         let doc = Bytes::from(document(size));
         let whole = vec![doc.clone()];
-        let pieces: Vec<Bytes> = doc
-            .chunks(16 << 10)
-            .map(Bytes::copy_from_slice)
-            .collect();
+        let pieces: Vec<Bytes> = doc.chunks(16 << 10).map(Bytes::copy_from_slice).collect();
         for (how, chunks) in [("one", &whole), ("16 KiB", &pieces)] {
             let s = rate(doc.len(), budget, || {
                 black_box(scan(black_box(chunks), "version", |_| {}).is_ok());

@@ -206,18 +206,17 @@ where
         // knowing which statements touch versions, and they are the rarer
         // kind.
         let _writing = self.version_cache.as_ref().map(VersionCache::writing);
-        self
-            .timed(stmt.op, async {
-                Ok(match &self.batcher {
-                    Some(b) => b.execute(&stmt.sql, args).await?,
-                    None => {
-                        batch::query::<DB>(&stmt.sql, &args)
-                            .fetch_all(&self.writer)
-                            .await?
-                    }
-                })
+        self.timed(stmt.op, async {
+            Ok(match &self.batcher {
+                Some(b) => b.execute(&stmt.sql, args).await?,
+                None => {
+                    batch::query::<DB>(&stmt.sql, &args)
+                        .fetch_all(&self.writer)
+                        .await?
+                }
             })
-            .await
+        })
+        .await
     }
 
     /// A conditional write that returns at most one row.

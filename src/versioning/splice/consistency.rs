@@ -33,7 +33,9 @@ pub fn check(data: &[u8]) -> Result<(), String> {
 
     let whole_valid = valid(&whole);
     if valid(&chunks) != whole_valid {
-        return Err(format!("chunked scan (step {step}) disagrees with the whole scan"));
+        return Err(format!(
+            "chunked scan (step {step}) disagrees with the whole scan"
+        ));
     }
     let unbommed = doc.strip_prefix(&[0xEF, 0xBB, 0xBF][..]).unwrap_or(doc);
     match serde_json::from_slice::<serde_json::Value>(unbommed) {
