@@ -123,12 +123,14 @@ EOF
     } >"$dir/nginx.conf"
 }
 
-# Large JSON objects for the rows that stamp big bodies: /b64k/1 (64 KiB)
-# and /b1m/1 (1 MiB, just under lockstep's default max_body_bytes).
-mkdir -p "$TMP/www/b64k" "$TMP/www/b1m"
+# JSON objects for the rows that stamp bigger bodies: /b2k/1 (2 KiB),
+# /b64k/1 (64 KiB) and /b1m/1 (1 MiB, just under lockstep's default
+# max_body_bytes). /p2k/1, /p64k/1 and /p1m/1 serve the same files on paths
+# that match no [[resources]] entry (lockstep passthrough).
+mkdir -p "$TMP/www/b2k" "$TMP/www/b64k" "$TMP/www/b1m"
 python3 - "$TMP/www" <<'PY'
 import sys
-for name, size in (("b64k", 64 * 1024), ("b1m", 1024 * 1024 - 64)):
+for name, size in (("b2k", 2 * 1024), ("b64k", 64 * 1024), ("b1m", 1024 * 1024 - 64)):
     rows, n = [], 0
     head, tail = '{"id":"1","title":"hello","rows":[', '{}]}'
     while len(head) + len(tail) + sum(map(len, rows)) < size - 120:
@@ -143,8 +145,12 @@ nginx_conf nginx-backend <<EOF
         listen 127.0.0.1:$P_BACKEND;
         default_type application/json;
         location / { return 200 '{"id":"1","title":"hello"}'; }
+        location /b2k/ { root $TMP/www; }
         location /b64k/ { root $TMP/www; }
         location /b1m/ { root $TMP/www; }
+        location /p2k/ { alias $TMP/www/b2k/; }
+        location /p64k/ { alias $TMP/www/b64k/; }
+        location /p1m/ { alias $TMP/www/b1m/; }
     }
 EOF
 
@@ -181,6 +187,9 @@ level = "warn"
 
 [[resources]]
 pattern = "/articles/{id}"
+
+[[resources]]
+pattern = "/b2k/{id}"
 
 [[resources]]
 pattern = "/b64k/{id}"
@@ -241,7 +250,7 @@ check_get versioned "http://127.0.0.1:$P_LOCKSTEP/articles/1"
 [[ $CHECK_BODY == *'"version":1'* ]] || die "versioned GET /articles/1 body has no version: $CHECK_BODY"
 note "Sanity: \`GET /plain/1\` through lockstep has no ETag; \`GET /articles/1\` has \`ETag: \"1\"\` and body \`$CHECK_BODY\`."
 # The large bodies must come back byte for byte, plus the version member.
-for big in b64k b1m; do
+for big in b2k b64k b1m; do
     check_get "nginx-proxy-$big" "http://127.0.0.1:$P_PROXY/$big/1"
     check_get "versioned-$big" "http://127.0.0.1:$P_LOCKSTEP/$big/1"
     [[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /$big/1 carries ETag ${CHECK_ETAG}, expected \"1\""
@@ -317,12 +326,31 @@ per_unit() { awk -v u="$1" -v n="$2" 'BEGIN {if (n > 0) printf "%.0f", u / n; el
 
 # Figures per "row:round". FAILS counts non-2xx answers (or failed SQL) and
 # SOCKERR socket errors.
-declare -A RPS P99 FAILS SOCKERR CPU
+declare -A RPS P99 FAILS SOCKERR CPU PEAK
 STATUSES=()
+
+# Peak RSS of a process group during one row: the kernel's high-water mark
+# (VmHWM) is reset before the warm-up (clear_refs 5) and read after the
+# measured run, summed over the group's processes (nginx: master + workers).
+peak_reset() {
+    local pid
+    for pid in $(pgrep -g "$1"); do echo 5 >"/proc/$pid/clear_refs" 2>/dev/null || true; done
+}
+peak_kib() {
+    local pid sum=0 k
+    for pid in $(pgrep -g "$1"); do
+        k=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || continue
+        sum=$((sum + ${k:-0}))
+    done
+    echo "$sum"
+}
+mib() { awk -v k="$1" 'BEGIN {if (k > 0) printf "%.1f MiB", k / 1024; else print "n/a"}'; }
 
 measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP
     local row=$1 r=$2 f
+    peak_reset "$4"
     CPU_GROUP=$4 wrk_run "$row-$r" "$THREADS" "$CONNECTIONS" "$3"
+    PEAK[$row:$r]=$(peak_kib "$4")
     f=$TMP/wrk-$row-$r.txt
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(wrk_requests "$f")")
     RPS[$row:$r]=$(wrk_rps "$f")
@@ -336,9 +364,11 @@ measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP
 # 5 s) is still an answer to count, not a socket error.
 measure_locks() { # measure_locks ROUND
     local r=$1 f line
+    peak_reset "$LOCKSTEP_PID"
     CPU_GROUP=$LOCKSTEP_PID wrk_run "locks-$r" "$LOCK_CLIENTS" "$LOCK_CLIENTS" "http://127.0.0.1:$P_ADMIN" \
         -s "$HERE/lock_pairs.lua" --timeout 10s
     f=$TMP/wrk-locks-$r.txt
+    PEAK[locks:$r]=$(peak_kib "$LOCKSTEP_PID")
     line=$(grep '^LOCKS ' "$f") || die "lock_pairs.lua printed no summary"
     CPU[locks:$r]=$(per_unit "$CPU_US" "$(kv "$line" pairs)")
     RPS[locks:$r]=$(awk -v p="$(kv "$line" pairs)" -v s="$(kv "$line" seconds)" \
@@ -374,9 +404,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
     measure_http nginx "$round" "http://127.0.0.1:$P_PROXY/articles/1" "$PROXY_GROUP"
     measure_http passthrough "$round" "http://127.0.0.1:$P_LOCKSTEP/plain/1" "$LOCKSTEP_PID"
     measure_http versioned "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID"
+    measure_http nginx2k "$round" "http://127.0.0.1:$P_PROXY/b2k/1" "$PROXY_GROUP"
+    measure_http passthrough2k "$round" "http://127.0.0.1:$P_LOCKSTEP/p2k/1" "$LOCKSTEP_PID"
+    measure_http versioned2k "$round" "http://127.0.0.1:$P_LOCKSTEP/b2k/1" "$LOCKSTEP_PID"
     measure_http nginx64k "$round" "http://127.0.0.1:$P_PROXY/b64k/1" "$PROXY_GROUP"
+    measure_http passthrough64k "$round" "http://127.0.0.1:$P_LOCKSTEP/p64k/1" "$LOCKSTEP_PID"
     measure_http versioned64k "$round" "http://127.0.0.1:$P_LOCKSTEP/b64k/1" "$LOCKSTEP_PID"
     measure_http nginx1m "$round" "http://127.0.0.1:$P_PROXY/b1m/1" "$PROXY_GROUP"
+    measure_http passthrough1m "$round" "http://127.0.0.1:$P_LOCKSTEP/p1m/1" "$LOCKSTEP_PID"
     measure_http versioned1m "$round" "http://127.0.0.1:$P_LOCKSTEP/b1m/1" "$LOCKSTEP_PID"
     measure_locks "$round"
     measure_sqlite "$round"
@@ -384,12 +419,13 @@ done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m locks sqlite; do
+for row in direct nginx passthrough versioned nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
     P99[$row]=${P99[$row:$median]}
     CPU[$row]=${CPU[$row:$median]}
+    PEAK[$row]=${PEAK[$row:$median]:-0}
     fails=0 sockerr=0
     for ((r = 1; r <= ROUNDS; r++)); do
         fails=$((fails + ${FAILS[$row:$r]}))
@@ -401,7 +437,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m locks sqlite; do
+    for row in direct nginx passthrough versioned nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -468,6 +504,13 @@ else
 fi
 R_PT=$(ratio "${RPS[passthrough]}" "${RPS[nginx]}")
 R_VG=$(ratio "${RPS[versioned]}" "${RPS[nginx]}")
+R_VG2K=$(ratio "${RPS[versioned2k]}" "${RPS[nginx2k]}")
+R_PT2K=$(ratio "${RPS[passthrough2k]}" "${RPS[nginx2k]}")
+R_VP=$(ratio "${RPS[versioned]}" "${RPS[passthrough]}")
+R_VP2K=$(ratio "${RPS[versioned2k]}" "${RPS[passthrough2k]}")
+R_VP64=$(ratio "${RPS[versioned64k]}" "${RPS[passthrough64k]}")
+R_VP1M=$(ratio "${RPS[versioned1m]}" "${RPS[passthrough1m]}")
+R_MEM64=$(ratio "${PEAK[versioned64k]}" "${PEAK[nginx64k]}")
 R_VG64=$(ratio "${RPS[versioned64k]}" "${RPS[nginx64k]}")
 R_VG1M=$(ratio "${RPS[versioned1m]}" "${RPS[nginx1m]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
@@ -486,7 +529,7 @@ else
 fi
 
 http_line() { # http_line N LABEL REQUEST ROW
-    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | ${FAILS[$4]} | ${SOCKERR[$4]} |"
+    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | $(mib "${PEAK[$4]}") | ${FAILS[$4]} | ${SOCKERR[$4]} |"
 }
 
 mkdir -p "$(dirname "$OUT")"
@@ -501,8 +544,8 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency, after a ${WARMUP} s warm-up at the same load."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    echo "| # | row | request | req/s | p99 latency | CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
     http_line 1 "direct backend (nginx)" "GET /articles/1" direct
     http_line 2 "nginx reverse proxy → backend" "GET /articles/1" nginx
     http_line 3 "lockstep passthrough → backend" "GET /plain/1" passthrough
@@ -511,24 +554,37 @@ mkdir -p "$(dirname "$OUT")"
     echo "| ratio (req/s) | value | target | |"
     echo "|---|---:|---:|---|"
     echo "| lockstep passthrough / nginx proxy (3 / 2) | $R_PT | ≥ 0.9 | $(verdict "$R_PT" 0.9) |"
-    echo "| lockstep versioned GET / nginx proxy (4 / 2) | $R_VG | ≥ 0.5 | $(verdict "$R_VG" 0.5) |"
+    echo "| lockstep versioned GET / nginx proxy (4 / 2) | $R_VG | ≥ 0.8 | $(verdict "$R_VG" 0.8) |"
+    echo "| lockstep versioned GET / lockstep passthrough (4 / 3) | $R_VP | ≥ 0.6 | $(verdict "$R_VP" 0.6) |"
     echo
     echo "### Large JSON bodies"
     echo
-    echo "The same load on one JSON object of 64 KiB and of 1 MiB (just under \`max_body_bytes\`):" \
-        "lockstep validates the whole body and appends \`\"version\":1\`, byte-exact."
+    echo "The same load on one JSON object of 2 KiB, 64 KiB and 1 MiB (just under \`max_body_bytes\`):" \
+        "lockstep validates the whole body and appends \`\"version\":1\`, byte-exact. The passthrough rows" \
+        "fetch the same file on a path no \`[[resources]]\` entry matches."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    echo "| # | row | request | req/s | p99 latency | CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
+    http_line 2k "nginx reverse proxy → backend, 2 KiB" "GET /b2k/1" nginx2k
+    http_line 3k "lockstep passthrough → backend, 2 KiB" "GET /p2k/1" passthrough2k
+    http_line 4k "lockstep versioned GET → backend, 2 KiB" "GET /b2k/1" versioned2k
     http_line 2a "nginx reverse proxy → backend, 64 KiB" "GET /b64k/1" nginx64k
+    http_line 3a "lockstep passthrough → backend, 64 KiB" "GET /p64k/1" passthrough64k
     http_line 4a "lockstep versioned GET → backend, 64 KiB" "GET /b64k/1" versioned64k
     http_line 2b "nginx reverse proxy → backend, 1 MiB" "GET /b1m/1" nginx1m
+    http_line 3b "lockstep passthrough → backend, 1 MiB" "GET /p1m/1" passthrough1m
     http_line 4b "lockstep versioned GET → backend, 1 MiB" "GET /b1m/1" versioned1m
     echo
-    echo "| ratio (req/s) | value |"
-    echo "|---|---:|"
-    echo "| versioned GET / nginx proxy, 64 KiB (4a / 2a) | $R_VG64 |"
-    echo "| versioned GET / nginx proxy, 1 MiB (4b / 2b) | $R_VG1M |"
+    echo "| ratio | value | target | |"
+    echo "|---|---:|---:|---|"
+    echo "| passthrough / nginx proxy, 2 KiB (3k / 2k) | $R_PT2K | | |"
+    echo "| versioned GET / nginx proxy, 2 KiB (4k / 2k) | $R_VG2K | ≥ 0.8 | $(verdict "$R_VG2K" 0.8) |"
+    echo "| versioned GET / passthrough, 2 KiB (4k / 3k) | $R_VP2K | ≥ 0.6 | $(verdict "$R_VP2K" 0.6) |"
+    echo "| versioned GET / nginx proxy, 64 KiB (4a / 2a) | $R_VG64 | ≥ 0.5 | $(verdict "$R_VG64" 0.5) |"
+    echo "| versioned GET / passthrough, 64 KiB (4a / 3a) | $R_VP64 | ≥ 0.6 | $(verdict "$R_VP64" 0.6) |"
+    echo "| versioned GET / nginx proxy, 1 MiB (4b / 2b) | $R_VG1M | trend | |"
+    echo "| versioned GET / passthrough, 1 MiB (4b / 3b) | $R_VP1M | ≥ 0.6 | $(verdict "$R_VP1M" 0.6) |"
+    echo "| peak RSS, lockstep versioned / nginx proxy, 64 KiB (4a / 2a) | $R_MEM64 | ≤ 2 | $(awk -v r="$R_MEM64" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 <= 2) print "meets"; else print "**above**"}') |"
     echo
     echo "## Locks: acquire + release pairs"
     echo
@@ -537,7 +593,7 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "| # | row | pairs/s | p99 latency | failures | how |"
     echo "|---|---|---:|---:|---:|---|"
-    echo "| 5 | lockstep lock API (SQLite) | $(num "${RPS[locks]}") | $(ms "${P99[locks]}") ms per request | $((FAILS[locks] + SOCKERR[locks])) | wrk + \`benches/lock_pairs.lua\`: \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener, one connection per client; lockstep used ${CPU[locks]} µs of CPU per pair |"
+    echo "| 5 | lockstep lock API (SQLite) | $(num "${RPS[locks]}") | $(ms "${P99[locks]}") ms per request | $((FAILS[locks] + SOCKERR[locks])) | wrk + \`benches/lock_pairs.lua\`: \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener, one connection per client; lockstep used ${CPU[locks]} µs of CPU per pair, peak RSS $(mib "${PEAK[locks]}") |"
     echo "| 6 | SQLite direct | $(num "${RPS[sqlite]}") | $(ms "${P99[sqlite]}") ms per statement | ${FAILS[sqlite]} | \`benches/sqlite_locks.py\`: lockstep's acquire and release SQL ($S_SOURCE_TEXT), a thread and a connection per client, WAL + synchronous=FULL + busy_timeout 5000; the Python process used ${CPU[sqlite]} µs of CPU per pair |"
     echo "| 7 | Redis, no persistence | $(num "$R_PAIRS_S") | $(ms "$R_P99") ms per pair | n/a | redis-benchmark: one \`EVAL\` per pair (SET NX PX, then DEL if still ours), random keys |"
     echo "| 8 | Redis, appendfsync always | $(num "$RF_PAIRS_S") | $(ms "$RF_P99") ms per pair | n/a | as 7 with \`appendonly yes\`, \`appendfsync always\` (durable like row 5) |"
@@ -552,6 +608,8 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "- CPU per request: CPU time used during the measured run by the process that is the last hop in" \
         "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4 lockstep), per request."
+    echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
+        "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
     echo "- Lock calls through lockstep that did not answer 200 / 204: ${FAILS[locks]} (statuses: $L_STATUSES);" \
         "socket errors: ${SOCKERR[locks]}. SQLite direct: ${FAILS[sqlite]} acquires or releases that returned no row or failed."
     echo "- lockstep's database after the runs: journal_mode=$DB_MODE, $DB_VERSIONS rows in \`versions\`" \
