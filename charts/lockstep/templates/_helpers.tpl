@@ -271,6 +271,12 @@ collection = {{ $r.collection | toJson }}
 {{- if $r.case_insensitive_ids }}
 case_insensitive_ids = true
 {{- end }}
+{{- if $r.detect_drift }}
+detect_drift = true
+{{- end }}
+{{- with $r.drift_ignore }}
+drift_ignore = {{ toJson . }}
+{{- end }}
 {{- end }}
 {{- end }}
 
