@@ -136,6 +136,13 @@ fn drift_policy(i: usize, entry: &ResourceConfig) -> Result<Option<Arc<DriftPoli
     }
     // Options that declare every write goes through lockstep contradict a
     // check for writes that did not; each is refused here, by name.
+    let excluded: [(&str, bool); 0] = [];
+    if let Some((name, _)) = excluded.iter().find(|(_, on)| *on) {
+        return Err(format!(
+            "resources[{i}]: detect_drift and {name} exclude each other: {name} declares that \
+             every write goes through lockstep, detect_drift looks for writes that did not"
+        ));
+    }
     let ignore = entry
         .drift_ignore
         .iter()
