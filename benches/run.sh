@@ -9,6 +9,7 @@
 #   2 nginx reverse proxy     nginx proxy_pass (upstream keepalive) -> row 1's nginx
 #   3 lockstep passthrough    GET /plain/1 through lockstep (matches no [[resources]])
 #   4 lockstep versioned GET  GET /articles/1 through lockstep (versioned read, SQLite)
+#   4c  … with detect_drift   GET /drift/1: the same, plus the body hash and its check
 # Lock rows (acquire+release pairs, one resource per client):
 #   5 lockstep lock API       POST + DELETE /locks/{r} on the admin listener (SQLite)
 #   6 SQLite direct           lockstep's own acquire/release SQL, no HTTP (Python)
@@ -196,6 +197,10 @@ pattern = "/b64k/{id}"
 
 [[resources]]
 pattern = "/b1m/{id}"
+
+[[resources]]
+pattern = "/drift/{id}"
+detect_drift = true
 EOF
 
 for name in nginx-backend nginx-proxy; do
@@ -249,6 +254,12 @@ check_get versioned "http://127.0.0.1:$P_LOCKSTEP/articles/1"
 [[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /articles/1 carries ETag ${CHECK_ETAG}, expected \"1\""
 [[ $CHECK_BODY == *'"version":1'* ]] || die "versioned GET /articles/1 body has no version: $CHECK_BODY"
 note "Sanity: \`GET /plain/1\` through lockstep has no ETag; \`GET /articles/1\` has \`ETag: \"1\"\` and body \`$CHECK_BODY\`."
+# Twice: the first read records the body's hash, the second finds it unchanged.
+for _ in 1 2; do
+    check_get versioned-drift "http://127.0.0.1:$P_LOCKSTEP/drift/1"
+    [[ $CHECK_ETAG == '"1"' ]] || die "detect_drift GET /drift/1 carries ETag ${CHECK_ETAG}, expected \"1\" (an unchanged body must not bump)"
+    [[ $CHECK_BODY == *'"version":1'* ]] || die "detect_drift GET /drift/1 body has no version: $CHECK_BODY"
+done
 # The large bodies must come back byte for byte, plus the version member.
 for big in b2k b64k b1m; do
     check_get "nginx-proxy-$big" "http://127.0.0.1:$P_PROXY/$big/1"
@@ -404,6 +415,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     measure_http nginx "$round" "http://127.0.0.1:$P_PROXY/articles/1" "$PROXY_GROUP"
     measure_http passthrough "$round" "http://127.0.0.1:$P_LOCKSTEP/plain/1" "$LOCKSTEP_PID"
     measure_http versioned "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID"
+    measure_http versioneddrift "$round" "http://127.0.0.1:$P_LOCKSTEP/drift/1" "$LOCKSTEP_PID"
     measure_http nginx2k "$round" "http://127.0.0.1:$P_PROXY/b2k/1" "$PROXY_GROUP"
     measure_http passthrough2k "$round" "http://127.0.0.1:$P_LOCKSTEP/p2k/1" "$LOCKSTEP_PID"
     measure_http versioned2k "$round" "http://127.0.0.1:$P_LOCKSTEP/b2k/1" "$LOCKSTEP_PID"
@@ -419,7 +431,7 @@ done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
+for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
@@ -437,7 +449,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
+    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -511,6 +523,7 @@ R_VP2K=$(ratio "${RPS[versioned2k]}" "${RPS[passthrough2k]}")
 R_VP64=$(ratio "${RPS[versioned64k]}" "${RPS[passthrough64k]}")
 R_VP1M=$(ratio "${RPS[versioned1m]}" "${RPS[passthrough1m]}")
 R_MEM64=$(ratio "${PEAK[versioned64k]}" "${PEAK[nginx64k]}")
+R_VGD=$(ratio "${RPS[versioneddrift]}" "${RPS[versioned]}")
 R_VG64=$(ratio "${RPS[versioned64k]}" "${RPS[nginx64k]}")
 R_VG1M=$(ratio "${RPS[versioned1m]}" "${RPS[nginx1m]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
@@ -550,12 +563,14 @@ mkdir -p "$(dirname "$OUT")"
     http_line 2 "nginx reverse proxy → backend" "GET /articles/1" nginx
     http_line 3 "lockstep passthrough → backend" "GET /plain/1" passthrough
     http_line 4 "lockstep versioned GET → backend" "GET /articles/1" versioned
+    http_line 4c "lockstep versioned GET, detect_drift → backend" "GET /drift/1" versioneddrift
     echo
     echo "| ratio (req/s) | value | target | |"
     echo "|---|---:|---:|---|"
     echo "| lockstep passthrough / nginx proxy (3 / 2) | $R_PT | ≥ 0.9 | $(verdict "$R_PT" 0.9) |"
     echo "| lockstep versioned GET / nginx proxy (4 / 2) | $R_VG | ≥ 0.8 | $(verdict "$R_VG" 0.8) |"
     echo "| lockstep versioned GET / lockstep passthrough (4 / 3) | $R_VP | ≥ 0.6 | $(verdict "$R_VP" 0.6) |"
+    echo "| detect_drift GET / versioned GET (4c / 4) | $R_VGD | none | |"
     echo
     echo "### Large JSON bodies"
     echo
@@ -607,13 +622,13 @@ mkdir -p "$(dirname "$OUT")"
     echo "## Notes"
     echo
     echo "- CPU per request: CPU time used during the measured run by the process that is the last hop in" \
-        "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4 lockstep), per request."
+        "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4c lockstep), per request."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
         "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
     echo "- Lock calls through lockstep that did not answer 200 / 204: ${FAILS[locks]} (statuses: $L_STATUSES);" \
         "socket errors: ${SOCKERR[locks]}. SQLite direct: ${FAILS[sqlite]} acquires or releases that returned no row or failed."
     echo "- lockstep's database after the runs: journal_mode=$DB_MODE, $DB_VERSIONS rows in \`versions\`" \
-        "(versioned reads write nothing), $DB_LOCKS rows in \`locks\`."
+        "(versioned reads write nothing; a detect_drift read writes once per version, to record its hash), $DB_LOCKS rows in \`locks\`."
     echo "- SQLite direct runs in CPython: the GIL serialises the Python side of the $LOCK_CLIENTS clients" \
         "(the sqlite3 module releases it while SQLite works, fsync included). It uses the system SQLite $S_VERSION;" \
         "lockstep uses the SQLite bundled by sqlx (${bundled:-version unknown}) and a pool of" \

@@ -104,6 +104,15 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     // Each proxy worker gets its own router with its own upstream client, so
     // a request, its upstream connection and their tasks stay on one thread.
     let access_log = c.log.access_log;
+    // The admin listener's versioning answers operators only; its upstream
+    // client is never used to forward.
+    let admin_versioning = Versioning::new(
+        store.clone(),
+        Upstream::new(&upstream_settings, metrics.upstream.clone()),
+        resources.clone(),
+        versioning_settings.clone(),
+        metrics.versions.clone(),
+    );
     let make_proxy_router = {
         let store = store.clone();
         let locks = locks.clone();
@@ -132,6 +141,8 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let admin_router = AdminRouter {
         store: store.clone(),
         locks,
+        versioning: admin_versioning,
+        tokens: api_tokens.clone(),
         metrics: metrics.clone(),
     };
 

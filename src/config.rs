@@ -745,6 +745,26 @@ mod tests {
                 "[[resources]]\npattern = \"/a/{id}\"\nrequire_lock = 1\n",
                 "require_lock",
             ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\ndrift_ignore = [\"/x\"]\n",
+                "resources[0].drift_ignore: has no effect without detect_drift = true",
+            ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\ndetect_drift = true\ndrift_ignore = [\"updated_at\"]\n",
+                "resources[0].drift_ignore: \"updated_at\" is not a JSON pointer",
+            ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\ndetect_drift = true\ndrift_ignore = [\"/a~2\"]\n",
+                "has a '~' not followed by 0 or 1",
+            ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\ndetect_drift = true\ndrift_ignore = [\"\"]\n",
+                "must start with '/'",
+            ),
+            (
+                "[[resources]]\npattern = \"/a/{id}\"\ndetect_drift = \"yes\"\n",
+                "detect_drift",
+            ),
         ];
         for (text, needle) in cases {
             let e = load(text, &[]).unwrap_err().to_string();

@@ -15,7 +15,8 @@
 //! * [`proxy`] (forwarding to the backend), [`problem`] (errors as RFC 9457
 //!   responses), [`telemetry`] (tracing set-up).
 //! * [`config`], [`resources`], [`store`], [`metrics`], [`error`], [`body`],
-//!   [`timefmt`], [`tls`] (certificates and trust roots) — the ground floor.
+//!   [`names`], [`timefmt`], [`tls`] (certificates and trust roots) — the
+//!   ground floor.
 //!   [`metrics`] imports nothing of lockstep's; the store records its
 //!   statement timings there.
 
@@ -25,6 +26,7 @@ pub mod config;
 pub mod error;
 pub mod locks;
 pub mod metrics;
+pub mod names;
 pub mod problem;
 pub mod proxy;
 pub mod resources;

@@ -370,6 +370,8 @@ pub struct VersionMetrics {
     conflicts: Vec<Counter>,
     bumps: Counter,
     unknown: Vec<Counter>,
+    drift_bumps: Counter,
+    operator_bumps: Counter,
 }
 
 impl VersionMetrics {
@@ -383,6 +385,16 @@ impl VersionMetrics {
     /// A write the backend accepted (2xx or 3xx) committed a new version.
     pub fn bumped(&self) {
         self.bumps.inc();
+    }
+
+    /// A read found the item changed behind lockstep's back and bumped.
+    pub fn drift_bumped(&self) {
+        self.drift_bumps.inc();
+    }
+
+    /// An operator bumped `n` versions (`/versions/…/bump`).
+    pub fn operator_bumped(&self, n: u64) {
+        self.operator_bumps.inc_by(n);
     }
 
     /// The version moved on because a write's outcome is unknown.
@@ -613,7 +625,22 @@ impl Metrics {
              timeout, reset, or an expired write lease taken over",
             unknown.clone(),
         );
+        let drift_bumps = Counter::default();
+        r.register(
+            "version_drift_bumps",
+            "Versions bumped because a read found the item changed behind lockstep's back \
+             (detect_drift)",
+            drift_bumps.clone(),
+        );
+        let operator_bumps = Counter::default();
+        r.register(
+            "version_operator_bumps",
+            "Versions bumped by an operator through the admin listener's /versions endpoints",
+            operator_bumps.clone(),
+        );
         let versions = VersionMetrics {
+            drift_bumps,
+            operator_bumps,
             conflicts: series(&conflicts, &ConflictReason::ALL, |r| ReasonLabel {
                 reason: r.as_str(),
             }),
@@ -866,6 +893,8 @@ mod tests {
         m.versions.conflict(ConflictReason::Stale);
         m.versions.unknown_outcome(UnknownOutcome::LeaseTakeover);
         m.versions.bumped();
+        m.versions.drift_bumped();
+        m.versions.operator_bumped(3);
         m.locks.acquired(Grant::Reclaimed);
         m.locks.released(1500);
         m.locks.swept(7);
@@ -901,6 +930,8 @@ mod tests {
             ("lockstep_version_conflicts_total{reason=\"stale\"}", 1.0),
             ("lockstep_version_conflicts_total{reason=\"precondition_required\"}", 0.0),
             ("lockstep_version_bumps_total", 1.0),
+            ("lockstep_version_drift_bumps_total", 1.0),
+            ("lockstep_version_operator_bumps_total", 3.0),
             (
                 "lockstep_version_unknown_outcome_bumps_total{reason=\"lease_takeover\"}",
                 1.0,

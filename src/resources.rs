@@ -34,6 +34,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::Deserialize;
@@ -83,6 +84,80 @@ pub struct ResourceConfig {
     /// Refuse writes that carry no `Lock-Token` (428 `lock-required`).
     #[serde(default)]
     pub require_lock: bool,
+    /// Notice changes made behind lockstep's back: a read whose body differs
+    /// from the last one served under the same version bumps the version.
+    #[serde(default)]
+    pub detect_drift: bool,
+    /// JSON pointers (`/updated_at`, `/meta/etag`) left out of the drift
+    /// comparison: members the backend changes on its own.
+    #[serde(default)]
+    pub drift_ignore: Vec<String>,
+}
+
+/// How an item route's reads are checked for drift (`detect_drift`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriftPolicy {
+    /// The `drift_ignore` pointers, each as its unescaped reference tokens.
+    pub ignore: Vec<Vec<String>>,
+}
+
+/// The reference tokens of an RFC 6901 JSON pointer (`/a~1b/c` → `a/b`,
+/// `c`). The empty pointer (the whole document) is refused: ignoring
+/// everything would detect nothing.
+pub fn parse_pointer(pointer: &str) -> Result<Vec<String>, String> {
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(format!(
+            "{pointer:?} is not a JSON pointer: it must start with '/' (e.g. \"/updated_at\")"
+        ));
+    };
+    rest.split('/')
+        .map(|token| {
+            let mut out = String::with_capacity(token.len());
+            let mut chars = token.chars();
+            while let Some(c) = chars.next() {
+                match (c, c == '~') {
+                    (_, false) => out.push(c),
+                    (_, true) => match chars.next() {
+                        Some('0') => out.push('~'),
+                        Some('1') => out.push('/'),
+                        _ => {
+                            return Err(format!(
+                                "{pointer:?} has a '~' not followed by 0 or 1 (write '~' as ~0 and '/' as ~1)"
+                            ))
+                        }
+                    },
+                }
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
+/// The drift policy of one `[[resources]]` entry, or why it is refused.
+fn drift_policy(i: usize, entry: &ResourceConfig) -> Result<Option<Arc<DriftPolicy>>, String> {
+    if !entry.detect_drift {
+        if entry.drift_ignore.is_empty() {
+            return Ok(None);
+        }
+        return Err(format!(
+            "resources[{i}].drift_ignore: has no effect without detect_drift = true"
+        ));
+    }
+    // Options that declare every write goes through lockstep contradict a
+    // check for writes that did not; each is refused here, by name.
+    let excluded: [(&str, bool); 0] = [];
+    if let Some((name, _)) = excluded.iter().find(|(_, on)| *on) {
+        return Err(format!(
+            "resources[{i}]: detect_drift and {name} exclude each other: {name} declares that \
+             every write goes through lockstep, detect_drift looks for writes that did not"
+        ));
+    }
+    let ignore = entry
+        .drift_ignore
+        .iter()
+        .map(|p| parse_pointer(p).map_err(|e| format!("resources[{i}].drift_ignore: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Arc::new(DriftPolicy { ignore })))
 }
 
 /// Longest lock resource the lock API accepts, in bytes.
@@ -101,11 +176,13 @@ pub struct Fencing {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// An item route: `key` is the version-table key, `path` the canonical
-    /// (re-encoded) path to forward, `fence` the lock that guards its writes.
+    /// (re-encoded) path to forward, `fence` the lock that guards its writes,
+    /// `drift` the entry's drift policy when it has `detect_drift` on.
     Item {
         key: String,
         path: String,
         fence: Fencing,
+        drift: Option<Arc<DriftPolicy>>,
     },
     /// A collection route: POST here creates items. `fence` only when the
     /// entry's lock names no `{name}`: which item a POST creates is known
@@ -219,6 +296,8 @@ struct Pattern {
     /// The entry's `lock` template; `None`: the item's own key.
     lock: Option<Vec<Piece>>,
     require_lock: bool,
+    /// The entry's drift policy (item patterns only).
+    drift: Option<Arc<DriftPolicy>>,
     /// `resources[i].pattern` or `.collection`, for error messages.
     origin: String,
 }
@@ -249,6 +328,7 @@ impl ResourceMap {
                 }
                 None => None,
             };
+            let drift = drift_policy(i, entry)?;
             let mut add = |kind, field: &str, text: &str| -> Result<(), String> {
                 let origin = format!("resources[{i}].{field} {text:?}");
                 let parts = compile(text).map_err(|m| format!("{origin}: {m}"))?;
@@ -264,6 +344,11 @@ impl ResourceMap {
                     fold_ids: entry.case_insensitive_ids,
                     lock: lock.clone(),
                     require_lock: entry.require_lock,
+                    drift: if kind == Kind::Item {
+                        drift.clone()
+                    } else {
+                        None
+                    },
                     origin,
                 });
                 Ok(())
@@ -366,6 +451,7 @@ impl ResourceMap {
                 }),
                 key: strict_named.key,
                 path: strict_named.path,
+                drift: strict_named.drift,
             },
             Kind::Collection => Route::Collection {
                 path: strict_named.path,
@@ -426,6 +512,8 @@ struct Named {
     path: String,
     /// The lock guarding writes (always set for an item).
     fence: Option<Fencing>,
+    /// The pattern's drift policy (equal readings name one pattern).
+    drift: Option<Arc<DriftPolicy>>,
 }
 
 impl Named {
@@ -525,6 +613,7 @@ impl Pattern {
                 lock,
                 required: self.require_lock,
             }),
+            drift: self.drift.clone(),
         }
     }
 }
@@ -843,6 +932,7 @@ mod tests {
                 lock: key.into(),
                 required: false,
             },
+            drift: None,
         }
     }
 
@@ -1263,6 +1353,41 @@ mod tests {
         assert!(e.contains("at least 256 bytes"), "{e}");
         let fits = format!("{}{{id}}", "x".repeat(MAX_LOCK_BYTES - 1));
         assert!(ResourceMap::new(&[fenced("/items/{id}", None, &fits)]).is_ok());
+    }
+
+    #[test]
+    fn drift_policies_reach_item_routes_only() {
+        let map = ResourceMap::new(&[ResourceConfig {
+            detect_drift: true,
+            drift_ignore: vec!["/updated_at".into(), "/meta/a~1b~0c".into()],
+            ..entry("/articles/{id}", Some("/articles"))
+        }])
+        .unwrap();
+        let Ok(Route::Item {
+            drift: Some(policy),
+            ..
+        }) = map.classify("/articles/1")
+        else {
+            panic!("no drift policy on the item route");
+        };
+        assert_eq!(
+            policy.ignore,
+            vec![
+                vec!["updated_at".to_string()],
+                vec!["meta".to_string(), "a/b~c".to_string()]
+            ]
+        );
+        assert_eq!(
+            map.classify("/articles").unwrap(),
+            Route::Collection {
+                path: "/articles".into(),
+                fence: None
+            }
+        );
+        assert_eq!(parse_pointer("/").unwrap(), vec![String::new()]);
+        for bad in ["", "x", "/a~", "/~9"] {
+            assert!(parse_pointer(bad).is_err(), "{bad:?}");
+        }
     }
 
     mod property {

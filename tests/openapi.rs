@@ -26,6 +26,9 @@ use serde_json::{json, Value};
 use common::{raw_http1_with_timeouts, raw_status, toml_string, Backend, Client, Lockstep, Resp};
 
 const LOCK: &str = "/locks/{resource}";
+const VERSION: &str = "/versions/{key}";
+const BUMP: &str = "/versions/{key}/bump";
+const BUMP_PREFIX: &str = "/versions/bump";
 
 /// One answer of the server, and which documented operation it belongs to.
 struct Answer {
@@ -376,6 +379,51 @@ async fn drive_open_server(d: &mut Driver) {
         d.call("unsupported method", m, LOCK, r, id, 405).await;
     }
 
+    // The operators' version endpoints.
+    let k = "/versions/articles%2F7";
+    d.call("version of a key never seen", M::GET, VERSION, k, id, 200)
+        .await;
+    d.call(
+        "bump a key",
+        M::POST,
+        BUMP,
+        "/versions/articles%2F7/bump",
+        id,
+        200,
+    )
+    .await;
+    d.call("version after a bump", M::GET, VERSION, k, id, 200)
+        .await;
+    d.call("malformed key", M::GET, VERSION, "/versions/a%zz", id, 400)
+        .await;
+    d.call(
+        "malformed key",
+        M::POST,
+        BUMP,
+        "/versions/a%zz/bump",
+        id,
+        400,
+    )
+    .await;
+    d.call(
+        "bump under a prefix",
+        M::POST,
+        BUMP_PREFIX,
+        "/versions/bump",
+        |b| b.json(&json!({"prefix": "articles/"})),
+        200,
+    )
+    .await;
+    d.call(
+        "prefix bump without a prefix",
+        M::POST,
+        BUMP_PREFIX,
+        "/versions/bump",
+        |b| b.json(&json!({"prefx": "articles/"})),
+        400,
+    )
+    .await;
+
     // The admin endpoints.
     for (path, template) in [
         ("/healthz", "/healthz"),
@@ -650,6 +698,21 @@ async fn the_document_describes_every_answer_of_the_admin_listener() {
         )
         .await;
     }
+    for (m, template, path) in [
+        (M::GET, VERSION, "/versions/articles%2F7"),
+        (M::POST, BUMP, "/versions/articles%2F7/bump"),
+        (M::POST, BUMP_PREFIX, "/versions/bump"),
+    ] {
+        d.call(
+            "versions without a bearer token",
+            m,
+            template,
+            path,
+            |b| b.json(&json!({"prefix": "a"})),
+            401,
+        )
+        .await;
+    }
     d.call(
         "the document needs no token",
         M::GET,
@@ -695,6 +758,22 @@ async fn the_document_describes_every_answer_of_the_admin_listener() {
         503,
     )
     .await;
+
+    for (m, template, path) in [
+        (M::GET, VERSION, "/versions/articles%2F7"),
+        (M::POST, BUMP, "/versions/articles%2F7/bump"),
+        (M::POST, BUMP_PREFIX, "/versions/bump"),
+    ] {
+        d.call(
+            "versions, database down",
+            m,
+            template,
+            path,
+            |b| b.json(&json!({"prefix": "a"})),
+            503,
+        )
+        .await;
+    }
 
     for answer in slow {
         d.answers.push(answer.await.unwrap());

@@ -99,7 +99,7 @@ impl ApiTokens {
     pub fn check(&self, headers: &HeaderMap) -> Result<(), Error> {
         let Some(value) = headers.get(http::header::AUTHORIZATION) else {
             return Err(Error::Unauthorized {
-                detail: "lock calls need an Authorization: Bearer <token> header".into(),
+                detail: "calls to the lock and version APIs need an Authorization: Bearer <token> header".into(),
                 invalid_token: false,
             });
         };
@@ -125,7 +125,7 @@ impl ApiTokens {
             Ok(())
         } else {
             Err(Error::Unauthorized {
-                detail: "the bearer token is not one this lock API accepts".into(),
+                detail: "the bearer token is not one the lock and version APIs accept".into(),
                 invalid_token: true,
             })
         }

@@ -26,7 +26,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -519,54 +518,14 @@ fn lock_response(
     resp
 }
 
-/// 1–255 bytes of UTF-8 after percent-decoding, no control characters.
-///
-/// Decoding is strict: a `%` not followed by two hex digits is refused, not
-/// kept as a literal `%` (which is what a lenient decoder does). Otherwise
-/// `a%zz` and `a%25zz` would name one lock, and a client that forgot to
-/// encode a `%` would hold a different lock than it thinks.
+/// 1–255 bytes of UTF-8 after percent-decoding, no control characters;
+/// decoding is strict ([`crate::names::decode`]).
 pub fn parse_resource(raw: &str) -> Result<String> {
-    if let Some(at) = malformed_escape(raw) {
-        let shown: String = raw[at..].chars().take(3).collect();
-        return Err(Error::InvalidRequest(format!(
-            "the lock resource has a malformed percent-escape {shown:?} at byte {at}: \
-             '%' must be followed by two hex digits (a literal '%' is written %25)"
-        )));
-    }
-    let decoded = percent_decode_str(raw).decode_utf8().map_err(|_| {
-        Error::InvalidRequest("the lock resource is not valid percent-encoded UTF-8".into())
-    })?;
-    check_name("resource", &decoded)?;
-    Ok(decoded.into_owned())
-}
-
-/// Where the first `%` that does not start `%XX` (two hex digits) is.
-fn malformed_escape(raw: &str) -> Option<usize> {
-    let bytes = raw.as_bytes();
-    bytes.iter().enumerate().find_map(|(i, &b)| {
-        let escape_ok = bytes
-            .get(i + 1..i + 3)
-            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit));
-        (b == b'%' && !escape_ok).then_some(i)
-    })
+    crate::names::decode("the lock resource", "resource", raw, MAX_NAME_BYTES)
 }
 
 fn check_name(what: &str, name: &str) -> Result<()> {
-    if name.is_empty() {
-        return Err(Error::InvalidRequest(format!("{what} must not be empty")));
-    }
-    if name.len() > MAX_NAME_BYTES {
-        return Err(Error::InvalidRequest(format!(
-            "{what} is {} bytes long; the limit is {MAX_NAME_BYTES}",
-            name.len()
-        )));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(Error::InvalidRequest(format!(
-            "{what} must not contain control characters"
-        )));
-    }
-    Ok(())
+    crate::names::check(what, name, MAX_NAME_BYTES)
 }
 
 async fn read_body(req: Request<Incoming>) -> Result<LockBody> {

@@ -1,8 +1,9 @@
 //! Sends each request to a wing. The proxy listener: the lock API under its
 //! optional prefix, versioned routes to the versioning wing, everything else
 //! straight through; CONNECT is refused with 405, since lockstep opens no
-//! tunnels. The admin listener: health, readiness, metrics, locks and the
-//! lock API's OpenAPI document.
+//! tunnels. The admin listener: health, readiness, metrics, locks, the
+//! operators' version endpoints (behind the lock API's bearer tokens) and
+//! the OpenAPI document.
 //!
 //! The routers count every request by the kind of route that answered it,
 //! since this is where that is decided, and write the access line of the
@@ -19,6 +20,7 @@ use hyper::body::Incoming;
 use super::Handler;
 use crate::body::{self, Body};
 use crate::error::Error;
+use crate::locks::auth::ApiTokens;
 use crate::locks::Locks;
 use crate::metrics::{self, HttpMetrics, Metrics, RequestKind};
 use crate::problem;
@@ -170,6 +172,11 @@ fn refused(
 pub struct AdminRouter {
     pub store: Arc<dyn Store>,
     pub locks: Locks,
+    /// Answers `/versions/…` (it forwards nothing).
+    pub versioning: Versioning,
+    /// When set, `/versions/…` calls need one of these bearer tokens, as
+    /// lock calls do.
+    pub tokens: Option<Arc<ApiTokens>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -191,6 +198,16 @@ impl AdminRouter {
         let path = req.uri().path().to_string();
         if let Some(resource) = path.strip_prefix("/locks/") {
             return (RequestKind::Locks, self.locks.handle(req, resource).await);
+        }
+        if let Some(raw) = path.strip_prefix("/versions/") {
+            let authorized = match &self.tokens {
+                Some(tokens) => tokens.check(req.headers()),
+                None => Ok(()),
+            };
+            return (
+                RequestKind::Admin,
+                self.versioning.operate(req, raw, authorized).await,
+            );
         }
         let read_only = req.method() == Method::GET || req.method() == Method::HEAD;
         let format = metrics::Format::negotiate(

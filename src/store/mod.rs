@@ -22,6 +22,7 @@ pub mod postgres;
 mod sql;
 pub mod sqlite;
 mod version_cache;
+mod version_ops;
 mod versions;
 pub mod wake;
 
@@ -119,6 +120,55 @@ pub trait VersionStore: Send + Sync {
     async fn created(&self, key: &str) -> Result<i64>;
 }
 
+/// A key's row as drift detection and operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionDetail {
+    pub state: VersionState,
+    /// When the version last changed (database clock, ms); `None` for a
+    /// key without a row.
+    pub updated_at_ms: Option<i64>,
+    /// The hash of the body last served under this very version, if any.
+    pub body_hash: Option<String>,
+}
+
+/// One batch of an operator's bump under a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixBatch {
+    pub bumped: u64,
+    /// The last key of this batch, to continue after; `None` when this was
+    /// the last batch.
+    pub next: Option<String>,
+}
+
+/// The version table beyond the write path: drift hashes and operators.
+#[async_trait]
+pub trait VersionOps: Send + Sync {
+    /// The row of `key` with its update time and drift hash. Never writes.
+    async fn detail(&self, key: &str) -> Result<VersionDetail>;
+
+    /// Records `hash` as the body served under the effective `version`,
+    /// unless a hash is already recorded for it or a write is in flight; a
+    /// lease that ran out is taken over (its bump is already counted in
+    /// `version`). `exists` says whether the key had a row when `version`
+    /// was read. Returns whether it was recorded.
+    async fn record_hash(&self, key: &str, version: i64, exists: bool, hash: &str) -> Result<bool>;
+
+    /// Drift: the body under `version` hashed `stored` and now hashes
+    /// `hash`. Bumps once (no write in flight, nobody bumped first) and
+    /// returns the new version, or `None` when the row moved on meanwhile.
+    async fn drift_bump(
+        &self,
+        key: &str,
+        version: i64,
+        stored: &str,
+        hash: &str,
+    ) -> Result<Option<i64>>;
+
+    /// Bumps up to `limit` keys starting with `prefix` that sort after
+    /// `after` ("" to start), as writes of unknown outcome.
+    async fn bump_prefix(&self, prefix: &str, after: &str, limit: i64) -> Result<PrefixBatch>;
+}
+
 /// A lock as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockRecord {
@@ -195,7 +245,7 @@ pub trait LockStore: Send + Sync {
 
 /// Everything the services need from storage.
 #[async_trait]
-pub trait Store: VersionStore + LockStore {
+pub trait Store: VersionStore + VersionOps + LockStore {
     /// Is the database reachable and migrated?
     async fn ping(&self) -> Result<()>;
     /// Wake-ups for waiters (writes closing, locks released).

@@ -20,6 +20,7 @@ use super::breaker::Breaker;
 use super::file_guard::FileGuard;
 use super::locks::LockSql;
 use super::version_cache::VersionCache;
+use super::version_ops::VersionOpsSql;
 use super::versions::VersionSql;
 use super::{Store, Wakeups};
 use crate::error::{Error, Result};
@@ -63,6 +64,7 @@ pub struct SqlStore<DB: Database> {
     /// on `writer` as its own transaction (PostgreSQL).
     pub(super) batcher: Option<Batcher<DB>>,
     pub(super) versions: VersionSql,
+    pub(super) ops: VersionOpsSql,
     pub(super) locks: LockSql,
     pub(super) wakeups: Wakeups,
     pub(super) dialect: Dialect,
@@ -93,6 +95,7 @@ impl<DB: Database> SqlStore<DB> {
             writer,
             batcher,
             versions: VersionSql::new(&dialect),
+            ops: VersionOpsSql::new(dialect.now_ms),
             locks: LockSql::new(&dialect),
             wakeups: Wakeups::new(),
             dialect,

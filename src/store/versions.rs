@@ -178,6 +178,20 @@ fn lock_holds(now: &str, for_share: &str, resource: u8, token: u8) -> String {
 
 use Arg as A;
 
+/// The effective version and lease of a row, from its stored version, its
+/// lease id and how long the lease has left (ms, database clock).
+pub(super) fn effective(
+    version: i64,
+    lease_id: Option<String>,
+    remaining: Option<i64>,
+) -> (i64, Lease) {
+    match (lease_id, remaining) {
+        (None, _) => (version, Lease::Free),
+        (Some(_), Some(ms)) if ms > 0 => (version, Lease::Held { remaining_ms: ms }),
+        (Some(_), _) => (version + 1, Lease::Expired),
+    }
+}
+
 #[async_trait]
 impl<DB> VersionStore for SqlStore<DB>
 where
@@ -335,11 +349,7 @@ where
         let version: i64 = row.try_get(0)?;
         let lease_id: Option<String> = row.try_get(1)?;
         let remaining: Option<i64> = row.try_get(2)?;
-        let (version, lease) = match (lease_id, remaining) {
-            (None, _) => (version, Lease::Free),
-            (Some(_), Some(ms)) if ms > 0 => (version, Lease::Held { remaining_ms: ms }),
-            (Some(_), _) => (version + 1, Lease::Expired),
-        };
+        let (version, lease) = effective(version, lease_id, remaining);
         Ok(VersionState {
             version,
             lease,

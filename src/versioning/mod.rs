@@ -34,9 +34,11 @@
 //! The part from claim to commit runs in its own task, so a client that
 //! hangs up mid-write cannot leave a lease behind.
 
+pub mod admin;
 pub mod coding;
 pub mod detect;
 pub mod fence;
+pub mod drift;
 pub mod method;
 pub mod precondition;
 pub mod splice;
@@ -57,7 +59,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{ConflictReason, RequestKind, UnknownOutcome, VersionMetrics};
 use crate::problem;
 use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
-use crate::resources::{Fencing, ResourceMap, Route};
+use crate::resources::{DriftPolicy, Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
 use crate::store::{Fence, Lease, Store};
 use precondition::Expected;
@@ -146,12 +148,12 @@ impl Versioning {
             }
         };
         let (kind, key, result) = match (route, &checked_as) {
-            (Route::Item { key, path, .. }, &Method::GET | &Method::HEAD) => {
+            (Route::Item { key, path, drift, .. }, &Method::GET | &Method::HEAD) => {
                 let pq = with_query(path, req.uri());
-                let result = self.read(req, key, pq, inbound).await;
+                let result = self.read(req, key, drift.as_deref(), pq, inbound).await;
                 (RequestKind::VersionedRead, key.clone(), result)
             }
-            (Route::Item { key, path, fence }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
+            (Route::Item { key, path, fence, .. }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
                 let pq = with_query(path, req.uri());
                 let result = self.write(req, key, fence, pq, inbound).await;
                 (RequestKind::VersionedWrite, key.clone(), result)
@@ -219,17 +221,27 @@ impl Versioning {
         &self,
         req: Request<Incoming>,
         key: &str,
+        drift: Option<&DriftPolicy>,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
         // version: read BEFORE forwarding, so a response may carry an older
         // version than its body but never a newer one. A store outage does
-        // not stop reads; they go out unstamped.
-        let version = match self.store.current(key).await {
-            Ok(state) => Some(state.version),
+        // not stop reads; they go out unstamped. With drift detection, the
+        // body hash stored for that version comes with it.
+        let looked = match drift {
+            Some(_) => self
+                .store
+                .detail(key)
+                .await
+                .map(|d| (d.state.version, Some(d))),
+            None => self.store.current(key).await.map(|s| (s.version, None)),
+        };
+        let (version, detail) = match looked {
+            Ok((version, detail)) => (Some(version), detail),
             Err(e) => {
                 tracing::warn!(error = %crate::error::chain(&e), key, "store unavailable; read passes unstamped");
-                None
+                (None, None)
             }
         };
         let (mut parts, body) = req.into_parts();
@@ -254,9 +266,9 @@ impl Versioning {
         for h in [header::IF_NONE_MATCH, header::IF_MATCH] {
             parts.headers.remove(h);
         }
-        if stamp_body {
-            // The body is rewritten: fetch a HEAD as a GET so its headers
-            // are exactly those of the GET. Accept-Encoding goes on: the
+        if stamp_body || detail.is_some() {
+            // The body is rewritten (or hashed): fetch a HEAD as a GET so
+            // its headers are exactly those of the GET. Accept-Encoding goes on: the
             // backend decides on compression, lockstep redoes it (coding.rs).
             if is_head {
                 parts.method = Method::GET;
@@ -296,6 +308,14 @@ impl Versioning {
                 passthrough_response(resp, is_head),
                 outcome("read-partial-unstamped"),
             ));
+        }
+        if let (Some(policy), Some(detail)) = (drift, detail) {
+            // Before If-None-Match: a body that drifted must not be
+            // answered 304 under the version it drifted from.
+            return self
+                .read_checked(resp, key, detail, policy, &inm_headers, is_head)
+                .await
+                .map_err(|e| (e, Some(version)));
         }
         if precondition::if_none_match_hits(&inm_headers, version) {
             return Ok((not_modified(resp, version), outcome("not-modified")));
@@ -866,6 +886,11 @@ fn passthrough_response(resp: Response<PooledBody>, head: bool) -> Response<Body
 /// 304 for a matching `If-None-Match`: validators and caching headers of
 /// the 200 it stands for, no body (RFC 9110 §15.4.5).
 fn not_modified(resp: Response<PooledBody>, version: i64) -> Response<Body> {
+    not_modified_from(resp.headers(), version)
+}
+
+/// [`not_modified`] from the 200's headers.
+fn not_modified_from(headers: &HeaderMap, version: i64) -> Response<Body> {
     let mut out = Response::new(body::empty());
     *out.status_mut() = StatusCode::NOT_MODIFIED;
     for name in [
@@ -875,7 +900,7 @@ fn not_modified(resp: Response<PooledBody>, version: i64) -> Response<Body> {
         header::EXPIRES,
         header::VARY,
     ] {
-        if let Some(v) = resp.headers().get(&name) {
+        if let Some(v) = headers.get(&name) {
             out.headers_mut().insert(name, v.clone());
         }
     }

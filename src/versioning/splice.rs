@@ -719,25 +719,70 @@ pub fn stamp(chunks: &[Bytes], field: &str, version: i64) -> Option<Vec<Bytes>> 
     if field.is_empty() {
         return None;
     }
+    plan_stamp(chunks, field, |_| {})
+        .ok()??
+        .apply(chunks, field, version)
+}
+
+/// Where a stamp goes in one body, found by one scan: the version can be
+/// decided after the scan (drift detection does) and written without a
+/// second one.
+#[derive(Debug, Clone)]
+pub struct StampPlan {
+    /// The value of each top-level `field` member.
+    values: Vec<Range<usize>>,
+    /// The object's `{`.
+    open: usize,
+    /// `value_end` of the object's last member.
+    last_value_end: Option<usize>,
+}
+
+/// Scans `chunks` once, calling `on_member` for every top-level member,
+/// and plans the stamp. `Ok(None)`: valid JSON, but not an object.
+pub fn plan_stamp(
+    chunks: &[Bytes],
+    field: &str,
+    mut on_member: impl FnMut(&Member),
+) -> Result<Option<StampPlan>, ScanError> {
     let mut values: Vec<Range<usize>> = Vec::new();
     let summary = scan(chunks, field, |m| {
         if m.is_field {
             values.push(m.value_start..m.value_end);
         }
-    })
-    .ok()?;
-    let (open, _) = summary.object?;
-    let number = Bytes::from(version.to_string());
-    let edits: Vec<(Range<usize>, Bytes)> = if values.is_empty() {
-        let name = serde_json::to_string(field).ok()?;
-        match summary.last_value_end {
-            Some(end) => vec![(end..end, Bytes::from(format!(",{name}:{version}")))],
-            None => vec![(open + 1..open + 1, Bytes::from(format!("{name}:{version}")))],
+        on_member(&m);
+    })?;
+    Ok(summary.object.map(|(open, _)| StampPlan {
+        values,
+        open,
+        last_value_end: summary.last_value_end,
+    }))
+}
+
+impl StampPlan {
+    /// The planned body with `field` set to `version` (see [`stamp`]);
+    /// `chunks` must be the ones the plan was made from.
+    pub fn apply(&self, chunks: &[Bytes], field: &str, version: i64) -> Option<Vec<Bytes>> {
+        if field.is_empty() {
+            return None;
         }
-    } else {
-        values.into_iter().map(|r| (r, number.clone())).collect()
-    };
-    Some(splice(chunks, &edits))
+        let edits: Vec<(Range<usize>, Bytes)> = if self.values.is_empty() {
+            let name = serde_json::to_string(field).ok()?;
+            match self.last_value_end {
+                Some(end) => vec![(end..end, Bytes::from(format!(",{name}:{version}")))],
+                None => vec![(
+                    self.open + 1..self.open + 1,
+                    Bytes::from(format!("{name}:{version}")),
+                )],
+            }
+        } else {
+            let number = Bytes::from(version.to_string());
+            self.values
+                .iter()
+                .map(|r| (r.clone(), number.clone()))
+                .collect()
+        };
+        Some(splice(chunks, &edits))
+    }
 }
 
 /// What [`remove`] took out of a write body.

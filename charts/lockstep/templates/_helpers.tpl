@@ -277,6 +277,12 @@ lock = {{ $r.lock | toJson }}
 {{- if $r.require_lock }}
 require_lock = true
 {{- end }}
+{{- if $r.detect_drift }}
+detect_drift = true
+{{- end }}
+{{- with $r.drift_ignore }}
+drift_ignore = {{ toJson . }}
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,391 @@
+//! Versions for operators on the admin listener (README "Versions for
+//! operators"): `GET /versions/{key}`, `POST /versions/{key}/bump` and
+//! `POST /versions/bump` by prefix, behind the lock API's bearer tokens.
+//! Every test runs on SQLite and on PostgreSQL.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[macro_use]
+mod locks_db;
+
+use std::time::Duration;
+
+use common::{Backend, Client, Lockstep};
+use locks_db::{with_tokens, Db, DbKind, TOKEN};
+use serde_json::json;
+
+db_tests!(
+    a_key_never_seen_is_at_version_1_without_an_update_time,
+    a_bump_makes_the_old_version_409,
+    a_bump_racing_a_write_in_flight_waits_and_both_count,
+    a_bump_that_cannot_wait_long_enough_is_503_write_in_progress,
+    a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else,
+    bad_keys_and_bodies_are_400_and_change_nothing,
+    tokens_are_required_when_configured,
+);
+
+fn start(db: &Db, backend: &Backend) -> Lockstep {
+    db.lockstep().upstream(backend.url()).start()
+}
+
+async fn put(c: &Client, ls: &Lockstep, path: &str, version: u64) -> u64 {
+    let r = c
+        .put(ls.proxy_url_for(path), json!({"title": path}))
+        .if_match(version)
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    r.etag_version().unwrap()
+}
+
+async fn a_key_never_seen_is_at_version_1_without_an_update_time(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = start(&db, &backend);
+    let c = Client::new();
+    let r = c
+        .get(ls.admin_url_for("/versions/articles/none"))
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.json(),
+        json!({"key": "articles/none", "version": 1, "updated_at": null, "write_in_flight": false})
+    );
+    assert_eq!(put(&c, &ls, "/articles/1", 1).await, 2);
+    // %2F is a slash in a key, as in a lock resource.
+    let r = c
+        .get(ls.admin_url_for("/versions/articles%2F1"))
+        .send()
+        .await;
+    let doc = r.json();
+    assert_eq!(
+        (doc["key"].clone(), doc["version"].clone()),
+        (json!("articles/1"), json!(2))
+    );
+    assert_eq!(doc["write_in_flight"], false);
+    let at = doc["updated_at"].as_str().expect("updated_at once written");
+    assert!(at.ends_with('Z') && at.len() == 24, "{at}");
+}
+
+async fn a_bump_makes_the_old_version_409(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = start(&db, &backend);
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/b", 1).await, 2);
+    let r = c
+        .request(
+            http::Method::POST,
+            ls.admin_url_for("/versions/articles/b/bump"),
+        )
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json(), json!({"key": "articles/b", "version": 3}));
+    let stale = c
+        .put(ls.proxy_url_for("/articles/b"), json!({"title": "x"}))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(stale.status, 409, "{stale:?}");
+    assert_eq!(stale.json()["current_version"], 3);
+    let read = c.get(ls.proxy_url_for("/articles/b")).send().await;
+    assert_eq!(read.etag_version(), Some(3));
+    // A key never seen is bumped too: 1 → 2.
+    let r = c
+        .request(
+            http::Method::POST,
+            ls.admin_url_for("/versions/articles/new/bump"),
+        )
+        .send()
+        .await;
+    assert_eq!(r.json()["version"], 2, "{r:?}");
+    let m = c.get(ls.admin_url_for("/metrics")).send().await.text();
+    assert!(m.contains("lockstep_version_operator_bumps_total 2"), "{m}");
+}
+
+async fn a_bump_racing_a_write_in_flight_waits_and_both_count(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = start(&db, &backend);
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/race", 1).await, 2);
+    let write = {
+        let url = ls.proxy_url_for("/articles/race");
+        tokio::spawn(async move {
+            Client::new()
+                .patch(url, json!({"title": "slow"}))
+                .if_match(2)
+                .header("x-backend-delay-ms", "700")
+                .send()
+                .await
+        })
+    };
+    // The write holds the lease while the backend sleeps.
+    common::eventually(Duration::from_secs(5), "the write in flight", || async {
+        let r = c
+            .get(ls.admin_url_for("/versions/articles/race"))
+            .send()
+            .await;
+        (r.json()["write_in_flight"] == true).then_some(())
+    })
+    .await;
+    let bump = c
+        .request(
+            http::Method::POST,
+            ls.admin_url_for("/versions/articles/race/bump"),
+        )
+        .send()
+        .await;
+    let write = write.await.unwrap();
+    assert_eq!(
+        (write.status, write.etag_version()),
+        (200, Some(3)),
+        "{write:?}"
+    );
+    assert_eq!(bump.status, 200, "{bump:?}");
+    assert_eq!(bump.json()["version"], 4, "the bump lands after the write");
+    let r = c
+        .get(ls.admin_url_for("/versions/articles/race"))
+        .send()
+        .await;
+    assert_eq!(r.json()["version"], 4);
+    assert_eq!(r.json()["write_in_flight"], false);
+}
+
+async fn a_bump_that_cannot_wait_long_enough_is_503_write_in_progress(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = db
+        .lockstep()
+        .upstream(backend.url())
+        .versioning_toml("write_wait_ms = 100")
+        .start();
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/busy", 1).await, 2);
+    let write = {
+        let url = ls.proxy_url_for("/articles/busy");
+        tokio::spawn(async move {
+            Client::new()
+                .patch(url, json!({"title": "slow"}))
+                .if_match(2)
+                .header("x-backend-delay-ms", "1500")
+                .send()
+                .await
+        })
+    };
+    common::eventually(Duration::from_secs(5), "the write in flight", || async {
+        let r = c
+            .get(ls.admin_url_for("/versions/articles/busy"))
+            .send()
+            .await;
+        (r.json()["write_in_flight"] == true).then_some(())
+    })
+    .await;
+    let bump = c
+        .request(
+            http::Method::POST,
+            ls.admin_url_for("/versions/articles/busy/bump"),
+        )
+        .send()
+        .await;
+    assert_eq!(bump.status, 503, "{bump:?}");
+    assert_eq!(
+        bump.json()["type"].as_str().unwrap().rsplit('/').next(),
+        Some("write-in-progress")
+    );
+    assert!(bump.header("retry-after").is_some(), "{bump:?}");
+    let write = write.await.unwrap();
+    assert_eq!(
+        write.etag_version(),
+        Some(3),
+        "the refused bump changed nothing"
+    );
+}
+
+async fn a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else(kind: DbKind) {
+    const KEYS: usize = 500;
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = start(&db, &backend);
+    let c = Client::new();
+    // 500 keys under articles/ (a key is known once it has a row: a write
+    // through lockstep makes one), and one under another prefix.
+    let mut writes = Vec::new();
+    for i in 0..KEYS {
+        let url = ls.proxy_url_for(&format!("/articles/{i}"));
+        writes.push(tokio::spawn(async move {
+            let r = Client::new()
+                .put(url, json!({"n": i}))
+                .if_match(1)
+                .send()
+                .await;
+            assert_eq!(r.status, 200, "{r:?}");
+        }));
+        if writes.len() == 32 {
+            for w in writes.drain(..) {
+                w.await.unwrap();
+            }
+        }
+    }
+    for w in writes {
+        w.await.unwrap();
+    }
+    assert_eq!(put(&c, &ls, "/counters/1", 1).await, 2);
+    let r = c
+        .post(
+            ls.admin_url_for("/versions/bump"),
+            json!({"prefix": "articles/"}),
+        )
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json(), json!({"prefix": "articles/", "bumped": KEYS}));
+    for i in [0, 1, 255, 256, 257, 499] {
+        let v = c
+            .get(ls.admin_url_for(&format!("/versions/articles/{i}")))
+            .send()
+            .await
+            .json();
+        assert_eq!(v["version"], 3, "articles/{i}: {v}");
+    }
+    let other = c
+        .get(ls.admin_url_for("/versions/counters/1"))
+        .send()
+        .await
+        .json();
+    assert_eq!(other["version"], 2, "another prefix is left alone");
+    let stale = c
+        .put(ls.proxy_url_for("/articles/42"), json!({"n": 0}))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(stale.status, 409, "{stale:?}");
+    // A prefix nothing is under.
+    let r = c
+        .post(
+            ls.admin_url_for("/versions/bump"),
+            json!({"prefix": "nothing/"}),
+        )
+        .send()
+        .await;
+    assert_eq!(r.json()["bumped"], 0);
+}
+
+async fn bad_keys_and_bodies_are_400_and_change_nothing(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = start(&db, &backend);
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/k", 1).await, 2);
+    let long = format!("/versions/{}/bump", "x".repeat(1025));
+    for path in [
+        "/versions/a%zz/bump",
+        "/versions/a%00b/bump",
+        "/versions/%ff/bump",
+        long.as_str(),
+    ] {
+        let r = c
+            .request(http::Method::POST, ls.admin_url_for(path))
+            .send()
+            .await;
+        assert_eq!(r.status, 400, "{path}: {r:?}");
+        assert_eq!(
+            r.content_type().as_deref(),
+            Some("application/problem+json")
+        );
+    }
+    for path in ["/versions/a%zz", "/versions/"] {
+        let r = c.get(ls.admin_url_for(path)).send().await;
+        assert_eq!(r.status, 400, "{path}: {r:?}");
+    }
+    for body in [
+        json!({"prefx": "articles/"}),
+        json!({"prefix": 7}),
+        json!({"prefix": "articles/", "also": 1}),
+        json!(["articles/"]),
+        json!({}),
+    ] {
+        let r = c
+            .post(ls.admin_url_for("/versions/bump"), body.clone())
+            .send()
+            .await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        assert_eq!(
+            r.json()["type"].as_str().unwrap().rsplit('/').next(),
+            Some("invalid-body")
+        );
+    }
+    let r = c
+        .request(
+            http::Method::DELETE,
+            ls.admin_url_for("/versions/articles/k"),
+        )
+        .send()
+        .await;
+    assert_eq!(r.status, 405, "{r:?}");
+    let v = c
+        .get(ls.admin_url_for("/versions/articles/k"))
+        .send()
+        .await
+        .json();
+    assert_eq!(v["version"], 2, "nothing was bumped");
+}
+
+async fn tokens_are_required_when_configured(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ls = with_tokens(db.lockstep().upstream(backend.url()), dir.path()).start();
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/t", 1).await, 2);
+    let calls = [
+        (http::Method::GET, "/versions/articles/t"),
+        (http::Method::POST, "/versions/articles/t/bump"),
+        (http::Method::POST, "/versions/bump"),
+    ];
+    for (m, path) in &calls {
+        for auth in [None, Some("Bearer wrong"), Some("Basic abc")] {
+            let mut b = c
+                .request(m.clone(), ls.admin_url_for(path))
+                .json(&json!({"prefix": "articles/"}));
+            if let Some(a) = auth {
+                b = b.header("authorization", a);
+            }
+            let r = b.send().await;
+            assert_eq!(r.status, 401, "{m} {path} {auth:?}: {r:?}");
+            assert!(r.header("www-authenticate").is_some(), "{r:?}");
+        }
+    }
+    let authed = Client::new().with_bearer(TOKEN);
+    let v = authed
+        .get(ls.admin_url_for("/versions/articles/t"))
+        .send()
+        .await;
+    assert_eq!(
+        (v.status, v.json()["version"].clone()),
+        (200, json!(2)),
+        "{v:?}"
+    );
+    let r = authed
+        .request(
+            http::Method::POST,
+            ls.admin_url_for("/versions/articles/t/bump"),
+        )
+        .send()
+        .await;
+    assert_eq!(
+        (r.status, r.json()["version"].clone()),
+        (200, json!(3)),
+        "{r:?}"
+    );
+    let r = authed
+        .post(
+            ls.admin_url_for("/versions/bump"),
+            json!({"prefix": "articles/"}),
+        )
+        .send()
+        .await;
+    assert_eq!(r.json()["bumped"], 1, "{r:?}");
+}
