@@ -1,7 +1,9 @@
 //! Sends each request to a wing. The proxy listener: the lock API under its
-//! optional prefix, versioned routes to the versioning wing, everything else
-//! straight through; CONNECT is refused with 405, since lockstep opens no
-//! tunnels. The admin listener: health, readiness, metrics, locks and the
+//! optional prefix, versioned routes to the versioning wing, WebSocket
+//! upgrades on unversioned routes to a tunnel, everything else straight
+//! through; CONNECT is refused with 405, since lockstep opens no tunnel to
+//! anything but the backend's WebSocket endpoints, and a WebSocket upgrade
+//! on a versioned route with 400. The admin listener: health, readiness, metrics, locks and the
 //! lock API's OpenAPI document.
 //!
 //! The routers count every request by the kind of route that answered it,
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
 use super::Handler;
@@ -22,7 +24,7 @@ use crate::error::Error;
 use crate::locks::Locks;
 use crate::metrics::{self, HttpMetrics, Metrics, RequestKind};
 use crate::problem;
-use crate::proxy::{Inbound, Upstream};
+use crate::proxy::{headers, Inbound, Tunnels, Upstream};
 use crate::resources::{ResourceMap, Route};
 use crate::store::Store;
 use crate::versioning::Versioning;
@@ -53,6 +55,10 @@ impl Handler for ProxyRouter {
         self.metrics
             .record(kind, &method, resp.status(), started.elapsed());
         resp
+    }
+
+    fn tunnels(&self) -> Option<Tunnels> {
+        Some(self.upstream.tunnels().clone())
     }
 }
 
@@ -92,6 +98,28 @@ impl ProxyRouter {
                 return refused(&req, kind, &Error::InvalidPath(e), started);
             }
         };
+        // RFC 9110 §7.8: `Upgrade` means nothing in HTTP/1.0 (and HTTP/2
+        // has no such header).
+        let websocket = req.version() == Version::HTTP_11 && headers::asks_websocket(req.headers());
+        if websocket && route != Route::Unversioned {
+            // A tunnel carries bytes past every check: never to an item.
+            let kind = if req.method() == Method::GET || req.method() == Method::HEAD {
+                RequestKind::VersionedRead
+            } else {
+                RequestKind::VersionedWrite
+            };
+            let e = Error::InvalidRequest(format!(
+                "{} is a versioned route: it is served as plain HTTP with version checks, never upgraded to a WebSocket tunnel",
+                req.uri().path()
+            ));
+            return refused(&req, kind, &e, started);
+        }
+        if websocket && req.method() == Method::GET {
+            return (
+                RequestKind::Passthrough,
+                self.upgrade(req, inbound, started).await,
+            );
+        }
         if route == Route::Unversioned {
             return (
                 RequestKind::Passthrough,
@@ -106,6 +134,29 @@ impl ProxyRouter {
                 self.passthrough(req, inbound, started).await,
             ),
         }
+    }
+
+    async fn upgrade(
+        &self,
+        req: Request<Incoming>,
+        inbound: Inbound<'_>,
+        started: Instant,
+    ) -> Response<Body> {
+        let method = req.method().clone();
+        let uri = req.uri().clone();
+        let (resp, outcome) = self.upstream.upgrade(req, inbound).await;
+        // Always logged: a tunnel is rare and long-lived, and worth a line.
+        tracing::info!(
+            target: "lockstep::request",
+            kind = "passthrough",
+            method = %method,
+            path = uri.path(),
+            status = resp.status().as_u16(),
+            outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "passthrough request"
+        );
+        resp
     }
 
     async fn passthrough(
