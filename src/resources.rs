@@ -74,14 +74,25 @@ pub struct ResourceConfig {
     /// client's spelling.
     #[serde(default)]
     pub case_insensitive_ids: bool,
+    /// Every write to the resource goes through lockstep, so the version
+    /// table alone tells whether a client's copy is current: an
+    /// `If-None-Match` naming the current version is answered 304 without
+    /// asking the backend.
+    #[serde(default)]
+    pub exclusive_writes: bool,
 }
 
 /// What a request path is, as far as versioning is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// An item route: `key` is the version-table key, `path` the canonical
-    /// (re-encoded) path to forward.
-    Item { key: String, path: String },
+    /// (re-encoded) path to forward; `exclusive_writes` as configured for
+    /// its resource.
+    Item {
+        key: String,
+        path: String,
+        exclusive_writes: bool,
+    },
     /// A collection route: POST here creates items.
     Collection { path: String },
     /// No reading of the path names a versioned route: proxied untouched.
@@ -178,6 +189,7 @@ struct Pattern {
     kind: Kind,
     parts: Vec<Part>,
     fold_ids: bool,
+    exclusive_writes: bool,
     /// `resources[i].pattern` or `.collection`, for error messages.
     origin: String,
 }
@@ -210,6 +222,7 @@ impl ResourceMap {
                     kind,
                     parts,
                     fold_ids: entry.case_insensitive_ids,
+                    exclusive_writes: entry.exclusive_writes,
                     origin,
                 });
                 Ok(())
@@ -307,6 +320,7 @@ impl ResourceMap {
             Kind::Item => Route::Item {
                 key: strict_named.key,
                 path: strict_named.path,
+                exclusive_writes: strict_named.exclusive_writes,
             },
             Kind::Collection => Route::Collection {
                 path: strict_named.path,
@@ -364,6 +378,8 @@ struct Named {
     key: String,
     /// The canonical path to forward.
     path: String,
+    /// The pattern's `exclusive_writes` (equal readings name one pattern).
+    exclusive_writes: bool,
 }
 
 impl Named {
@@ -430,6 +446,7 @@ impl Pattern {
             kind: self.kind,
             key,
             path,
+            exclusive_writes: self.exclusive_writes,
         }
     }
 }
@@ -675,6 +692,7 @@ mod tests {
             pattern: pattern.into(),
             collection: collection.map(Into::into),
             case_insensitive_ids: false,
+            exclusive_writes: false,
         }
     }
 
@@ -694,7 +712,29 @@ mod tests {
         Route::Item {
             key: key.into(),
             path: path.into(),
+            exclusive_writes: false,
         }
+    }
+
+    #[test]
+    fn exclusive_writes_follow_the_entry_that_matched() {
+        let map = ResourceMap::new(&[
+            ResourceConfig {
+                exclusive_writes: true,
+                ..entry("/articles/{id}", Some("/articles"))
+            },
+            entry("/users/{uid}", None),
+        ])
+        .unwrap();
+        let exclusive = |path: &str| match map.classify(path).unwrap() {
+            Route::Item {
+                exclusive_writes, ..
+            } => exclusive_writes,
+            other => panic!("{path}: {other:?}"),
+        };
+        assert!(exclusive("/articles/1"));
+        assert!(exclusive("/articles//1/"));
+        assert!(!exclusive("/users/1"));
     }
 
     fn collection(path: &str) -> Route {

@@ -140,12 +140,19 @@ impl Versioning {
             }
         };
         let (kind, key, result) = match (route, &checked_as) {
-            (Route::Item { key, path }, &Method::GET | &Method::HEAD) => {
+            (
+                Route::Item {
+                    key,
+                    path,
+                    exclusive_writes,
+                },
+                &Method::GET | &Method::HEAD,
+            ) => {
                 let pq = with_query(path, req.uri());
-                let result = self.read(req, key, pq, inbound).await;
+                let result = self.read(req, key, *exclusive_writes, pq, inbound).await;
                 (RequestKind::VersionedRead, key.clone(), result)
             }
-            (Route::Item { key, path }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
+            (Route::Item { key, path, .. }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
                 let pq = with_query(path, req.uri());
                 let result = self.write(req, key, pq, inbound).await;
                 (RequestKind::VersionedWrite, key.clone(), result)
@@ -213,6 +220,7 @@ impl Versioning {
         &self,
         req: Request<Incoming>,
         key: &str,
+        exclusive_writes: bool,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
@@ -226,6 +234,25 @@ impl Versioning {
                 None
             }
         };
+        // 304 from the table: when every write goes through lockstep, the
+        // version alone says the client's copy is current. The effective
+        // version counts a write lease that ran out (its write may have
+        // happened), and nothing is claimed or taken over by a read.
+        if let Some(version) = version.filter(|_| exclusive_writes) {
+            if precondition::if_none_match_names(req.headers(), version) {
+                let mut resp = Response::new(body::empty());
+                *resp.status_mut() = StatusCode::NOT_MODIFIED;
+                set_etag(resp.headers_mut(), version);
+                return Ok((
+                    resp,
+                    Outcome {
+                        before: Some(version),
+                        after: Some(version),
+                        outcome: "not-modified-from-table",
+                    },
+                ));
+            }
+        }
         let (mut parts, body) = req.into_parts();
         // Keep only If-None-Match: it is answered here, after the backend.
         let mut inm_headers = HeaderMap::new();

@@ -271,6 +271,9 @@ collection = {{ $r.collection | toJson }}
 {{- if $r.case_insensitive_ids }}
 case_insensitive_ids = true
 {{- end }}
+{{- if $r.exclusive_writes }}
+exclusive_writes = true
+{{- end }}
 {{- end }}
 {{- end }}
 
