@@ -3,8 +3,8 @@
 //! upgrades on unversioned routes to a tunnel, everything else straight
 //! through; CONNECT is refused with 405, since lockstep opens no tunnel to
 //! anything but the backend's WebSocket endpoints, and a WebSocket upgrade
-//! on a versioned route with 400. The admin listener: health, readiness, metrics, locks and the
-//! lock API's OpenAPI document.
+//! on a versioned route with 400. The admin listener: health, readiness,
+//! metrics, locks and the lock API's OpenAPI document.
 //!
 //! The routers count every request by the kind of route that answered it,
 //! since this is where that is decided, and write the access line of the
@@ -142,10 +142,12 @@ impl ProxyRouter {
         inbound: Inbound<'_>,
         started: Instant,
     ) -> Response<Body> {
+        if !self.access_log {
+            return self.upstream.upgrade(req, inbound).await.0;
+        }
         let method = req.method().clone();
         let uri = req.uri().clone();
         let (resp, outcome) = self.upstream.upgrade(req, inbound).await;
-        // Always logged: a tunnel is rare and long-lived, and worth a line.
         tracing::info!(
             target: "lockstep::request",
             kind = "passthrough",
