@@ -9,6 +9,9 @@
 #   2 nginx reverse proxy     nginx proxy_pass (upstream keepalive) -> row 1's nginx
 #   3 lockstep passthrough    GET /plain/1 through lockstep (matches no [[resources]])
 #   4 lockstep versioned GET  GET /articles/1 through lockstep (versioned read, SQLite)
+#  4c conditional GET         GET /articles/1 with a matching If-None-Match: 304 after the backend answered
+#  4d conditional GET, table  GET /cached/1 (exclusive_writes = true), matching If-None-Match: 304
+#                             from the version table, the backend not asked
 # Lock rows (acquire+release pairs, one resource per client):
 #   5 lockstep lock API       POST + DELETE /locks/{r} on the admin listener (SQLite)
 #   6 SQLite direct           lockstep's own acquire/release SQL, no HTTP (Python)
@@ -187,6 +190,10 @@ pattern = "/b64k/{id}"
 
 [[resources]]
 pattern = "/b1m/{id}"
+
+[[resources]]
+pattern = "/cached/{id}"
+exclusive_writes = true
 EOF
 
 for name in nginx-backend nginx-proxy; do
@@ -248,6 +255,14 @@ for big in b64k b1m; do
     want=$(<"$TMP/www/$big/1")
     want="${want%\}},\"version\":1}"
     [[ $CHECK_BODY == "$want" ]] || die "versioned GET /$big/1 is not the backend's bytes with \"version\":1 appended"
+done
+# The conditional rows must be answered 304 with the version as ETag.
+for path in articles cached; do
+    hdr=$TMP/check-conditional-$path.headers
+    curl -s -o /dev/null -D "$hdr" --max-time 5 -H 'If-None-Match: "1"' "http://127.0.0.1:$P_LOCKSTEP/$path/1" ||
+        die "conditional GET /$path/1 failed"
+    [[ $(awk 'NR==1 {print $2}' "$hdr") == 304 ]] || die "conditional GET /$path/1: $(head -1 "$hdr"), expected 304"
+    grep -qi '^etag: "1"' "$hdr" || die "conditional GET /$path/1 has no ETag \"1\""
 done
 
 check_lock_api
@@ -320,9 +335,10 @@ per_unit() { awk -v u="$1" -v n="$2" 'BEGIN {if (n > 0) printf "%.0f", u / n; el
 declare -A RPS P99 FAILS SOCKERR CPU
 STATUSES=()
 
-measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP
-    local row=$1 r=$2 f
-    CPU_GROUP=$4 wrk_run "$row-$r" "$THREADS" "$CONNECTIONS" "$3"
+measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP [wrk options...]
+    local row=$1 r=$2 url=$3 group=$4 f
+    shift 4
+    CPU_GROUP=$group wrk_run "$row-$r" "$THREADS" "$CONNECTIONS" "$url" "$@"
     f=$TMP/wrk-$row-$r.txt
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(wrk_requests "$f")")
     RPS[$row:$r]=$(wrk_rps "$f")
@@ -378,13 +394,17 @@ for ((round = 1; round <= ROUNDS; round++)); do
     measure_http versioned64k "$round" "http://127.0.0.1:$P_LOCKSTEP/b64k/1" "$LOCKSTEP_PID"
     measure_http nginx1m "$round" "http://127.0.0.1:$P_PROXY/b1m/1" "$PROXY_GROUP"
     measure_http versioned1m "$round" "http://127.0.0.1:$P_LOCKSTEP/b1m/1" "$LOCKSTEP_PID"
+    measure_http conditional "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID" \
+        -H 'If-None-Match: "1"'
+    measure_http conditional_table "$round" "http://127.0.0.1:$P_LOCKSTEP/cached/1" "$LOCKSTEP_PID" \
+        -H 'If-None-Match: "1"'
     measure_locks "$round"
     measure_sqlite "$round"
 done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m locks sqlite; do
+for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m conditional conditional_table locks sqlite; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
@@ -401,7 +421,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m locks sqlite; do
+    for row in direct nginx passthrough versioned nginx64k versioned64k nginx1m versioned1m conditional conditional_table locks sqlite; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -470,6 +490,8 @@ R_PT=$(ratio "${RPS[passthrough]}" "${RPS[nginx]}")
 R_VG=$(ratio "${RPS[versioned]}" "${RPS[nginx]}")
 R_VG64=$(ratio "${RPS[versioned64k]}" "${RPS[nginx64k]}")
 R_VG1M=$(ratio "${RPS[versioned1m]}" "${RPS[nginx1m]}")
+R_CT=$(ratio "${RPS[conditional_table]}" "${RPS[conditional]}")
+R_CTN=$(ratio "${RPS[conditional_table]}" "${RPS[nginx]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
 R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
 R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
@@ -529,6 +551,21 @@ mkdir -p "$(dirname "$OUT")"
     echo "|---|---:|"
     echo "| versioned GET / nginx proxy, 64 KiB (4a / 2a) | $R_VG64 |"
     echo "| versioned GET / nginx proxy, 1 MiB (4b / 2b) | $R_VG1M |"
+    echo
+    echo "### Conditional GET: If-None-Match naming the current version"
+    echo
+    echo "Both answer 304 with \`ETag: \"1\"\`. Without \`exclusive_writes\` lockstep asks the backend first" \
+        "(it must learn whether the item still exists); with it, the version table answers alone."
+    echo
+    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    http_line 4c "lockstep conditional GET → backend" "GET /articles/1" conditional
+    http_line 4d "lockstep conditional GET, exclusive_writes (no backend)" "GET /cached/1" conditional_table
+    echo
+    echo "| ratio (req/s) | value |"
+    echo "|---|---:|"
+    echo "| from the table / after the backend (4d / 4c) | $R_CT |"
+    echo "| from the table / nginx proxy (4d / 2) | $R_CTN |"
     echo
     echo "## Locks: acquire + release pairs"
     echo
