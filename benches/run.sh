@@ -9,7 +9,10 @@
 #   2 nginx reverse proxy     nginx proxy_pass (upstream keepalive) -> row 1's nginx
 #   3 lockstep passthrough    GET /plain/1 through lockstep (matches no [[resources]])
 #   4 lockstep versioned GET  GET /articles/1 through lockstep (versioned read, SQLite)
-#   4c  … with detect_drift   GET /drift/1: the same, plus the body hash and its check
+#  4c conditional GET         GET /articles/1 with a matching If-None-Match: 304 after the backend answered
+#  4d conditional GET, table  GET /cached/1 (exclusive_writes = true), matching If-None-Match: 304
+#                             from the version table, the backend not asked
+#  4e versioned GET, drift    GET /drift/1: the same, plus the body hash and its check
 # Lock rows (acquire+release pairs, one resource per client):
 #   5 lockstep lock API       POST + DELETE /locks/{r} on the admin listener (SQLite)
 #   6 SQLite direct           lockstep's own acquire/release SQL, no HTTP (Python)
@@ -201,6 +204,10 @@ pattern = "/b1m/{id}"
 [[resources]]
 pattern = "/drift/{id}"
 detect_drift = true
+
+[[resources]]
+pattern = "/cached/{id}"
+exclusive_writes = true
 EOF
 
 for name in nginx-backend nginx-proxy; do
@@ -268,6 +275,14 @@ for big in b2k b64k b1m; do
     want=$(<"$TMP/www/$big/1")
     want="${want%\}},\"version\":1}"
     [[ $CHECK_BODY == "$want" ]] || die "versioned GET /$big/1 is not the backend's bytes with \"version\":1 appended"
+done
+# The conditional rows must be answered 304 with the version as ETag.
+for path in articles cached; do
+    hdr=$TMP/check-conditional-$path.headers
+    curl -s -o /dev/null -D "$hdr" --max-time 5 -H 'If-None-Match: "1"' "http://127.0.0.1:$P_LOCKSTEP/$path/1" ||
+        die "conditional GET /$path/1 failed"
+    [[ $(awk 'NR==1 {print $2}' "$hdr") == 304 ]] || die "conditional GET /$path/1: $(head -1 "$hdr"), expected 304"
+    grep -qi '^etag: "1"' "$hdr" || die "conditional GET /$path/1 has no ETag \"1\""
 done
 
 check_lock_api
@@ -357,11 +372,12 @@ peak_kib() {
 }
 mib() { awk -v k="$1" 'BEGIN {if (k > 0) printf "%.1f MiB", k / 1024; else print "n/a"}'; }
 
-measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP
-    local row=$1 r=$2 f
-    peak_reset "$4"
-    CPU_GROUP=$4 wrk_run "$row-$r" "$THREADS" "$CONNECTIONS" "$3"
-    PEAK[$row:$r]=$(peak_kib "$4")
+measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP [wrk options...]
+    local row=$1 r=$2 url=$3 group=$4 f
+    shift 4
+    peak_reset "$group"
+    CPU_GROUP=$group wrk_run "$row-$r" "$THREADS" "$CONNECTIONS" "$url" "$@"
+    PEAK[$row:$r]=$(peak_kib "$group")
     f=$TMP/wrk-$row-$r.txt
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(wrk_requests "$f")")
     RPS[$row:$r]=$(wrk_rps "$f")
@@ -425,13 +441,17 @@ for ((round = 1; round <= ROUNDS; round++)); do
     measure_http nginx1m "$round" "http://127.0.0.1:$P_PROXY/b1m/1" "$PROXY_GROUP"
     measure_http passthrough1m "$round" "http://127.0.0.1:$P_LOCKSTEP/p1m/1" "$LOCKSTEP_PID"
     measure_http versioned1m "$round" "http://127.0.0.1:$P_LOCKSTEP/b1m/1" "$LOCKSTEP_PID"
+    measure_http conditional "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID" \
+        -H 'If-None-Match: "1"'
+    measure_http conditional_table "$round" "http://127.0.0.1:$P_LOCKSTEP/cached/1" "$LOCKSTEP_PID" \
+        -H 'If-None-Match: "1"'
     measure_locks "$round"
     measure_sqlite "$round"
 done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
+for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
@@ -449,7 +469,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m locks sqlite; do
+    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -526,6 +546,8 @@ R_MEM64=$(ratio "${PEAK[versioned64k]}" "${PEAK[nginx64k]}")
 R_VGD=$(ratio "${RPS[versioneddrift]}" "${RPS[versioned]}")
 R_VG64=$(ratio "${RPS[versioned64k]}" "${RPS[nginx64k]}")
 R_VG1M=$(ratio "${RPS[versioned1m]}" "${RPS[nginx1m]}")
+R_CT=$(ratio "${RPS[conditional_table]}" "${RPS[conditional]}")
+R_CTN=$(ratio "${RPS[conditional_table]}" "${RPS[nginx]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
 R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
 R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
@@ -563,14 +585,14 @@ mkdir -p "$(dirname "$OUT")"
     http_line 2 "nginx reverse proxy → backend" "GET /articles/1" nginx
     http_line 3 "lockstep passthrough → backend" "GET /plain/1" passthrough
     http_line 4 "lockstep versioned GET → backend" "GET /articles/1" versioned
-    http_line 4c "lockstep versioned GET, detect_drift → backend" "GET /drift/1" versioneddrift
+    http_line 4e "lockstep versioned GET, detect_drift → backend" "GET /drift/1" versioneddrift
     echo
     echo "| ratio (req/s) | value | target | |"
     echo "|---|---:|---:|---|"
     echo "| lockstep passthrough / nginx proxy (3 / 2) | $R_PT | ≥ 0.9 | $(verdict "$R_PT" 0.9) |"
     echo "| lockstep versioned GET / nginx proxy (4 / 2) | $R_VG | ≥ 0.8 | $(verdict "$R_VG" 0.8) |"
     echo "| lockstep versioned GET / lockstep passthrough (4 / 3) | $R_VP | ≥ 0.6 | $(verdict "$R_VP" 0.6) |"
-    echo "| detect_drift GET / versioned GET (4c / 4) | $R_VGD | none | |"
+    echo "| detect_drift GET / versioned GET (4e / 4) | $R_VGD | none | |"
     echo
     echo "### Large JSON bodies"
     echo
@@ -601,6 +623,21 @@ mkdir -p "$(dirname "$OUT")"
     echo "| versioned GET / passthrough, 1 MiB (4b / 3b) | $R_VP1M | ≥ 0.6 | $(verdict "$R_VP1M" 0.6) |"
     echo "| peak RSS, lockstep versioned / nginx proxy, 64 KiB (4a / 2a) | $R_MEM64 | ≤ 2 | $(awk -v r="$R_MEM64" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 <= 2) print "meets"; else print "**above**"}') |"
     echo
+    echo "### Conditional GET: If-None-Match naming the current version"
+    echo
+    echo "Both answer 304 with \`ETag: \"1\"\`. Without \`exclusive_writes\` lockstep asks the backend first" \
+        "(it must learn whether the item still exists); with it, the version table answers alone."
+    echo
+    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    http_line 4c "lockstep conditional GET → backend" "GET /articles/1" conditional
+    http_line 4d "lockstep conditional GET, exclusive_writes (no backend)" "GET /cached/1" conditional_table
+    echo
+    echo "| ratio (req/s) | value |"
+    echo "|---|---:|"
+    echo "| from the table / after the backend (4d / 4c) | $R_CT |"
+    echo "| from the table / nginx proxy (4d / 2) | $R_CTN |"
+    echo
     echo "## Locks: acquire + release pairs"
     echo
     echo "$LOCK_CLIENTS concurrent clients, each on its own resource (no contention between clients)," \
@@ -622,7 +659,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "## Notes"
     echo
     echo "- CPU per request: CPU time used during the measured run by the process that is the last hop in" \
-        "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4c lockstep), per request."
+        "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4e lockstep), per request."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
         "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
     echo "- Lock calls through lockstep that did not answer 200 / 204: ${FAILS[locks]} (statuses: $L_STATUSES);" \

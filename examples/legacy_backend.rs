@@ -74,6 +74,9 @@
 //! * `/echo` and `/echo/…` (any method): the request as JSON
 //!   (`method`, `path`, `query`, `version`, `headers`, `body_len`, `body`).
 //! * `/mirror` (any method): streams the request body back, chunk by chunk.
+//! * `GET /ws/echo`: a WebSocket endpoint (RFC 6455) that sends every text
+//!   and binary message back as it came, and answers a close with a close.
+//!   A request that is not a WebSocket handshake gets 426.
 //! * `GET /bytes/{n}`: n bytes of `x` (n ≤ 1 GiB), chunked, no Content-Length.
 //! * `GET /_backend/log`, `DELETE /_backend/log`: every request received
 //!   (method, path, query, version, headers, body_len, body truncated to 64 KiB,
@@ -249,12 +252,12 @@ fn now_ms() -> u64 {
 /// connection stops being served and closes `--close-delay-ms` later.
 async fn serve<I, S>(io: I, service: S, conn: &Conn, keep_alive: &KeepAlive)
 where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = RespBody>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let http = http1::Builder::new().keep_alive(true).clone();
-    let served = http.serve_connection(io, service);
+    let served = http.serve_connection(io, service).with_upgrades();
     tokio::pin!(served);
     // Errors here are clients going away or the deliberate
     // `X-Backend-Reset`; neither is worth reporting.
@@ -553,6 +556,11 @@ async fn handle(
         return Ok(introspect(&shared, &parts.method, &path));
     }
 
+    if path == "/ws/echo" {
+        shared.lock().log.push(log_entry(&parts, None, connection));
+        return Ok(websocket_echo(parts));
+    }
+
     if path == "/mirror" {
         // Streamed straight back, so the log records no body.
         shared.lock().log.push(log_entry(&parts, None, connection));
@@ -620,6 +628,73 @@ async fn handle(
         });
     }
     Ok(resp)
+}
+
+/// `GET /ws/echo`: accepts a WebSocket handshake and echoes every message
+/// on the upgraded connection, in a task of its own.
+fn websocket_echo(mut parts: Parts) -> Response<RespBody> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+    use tokio_tungstenite::tungstenite::protocol::{Message, Role};
+
+    let lists = |name: &str, token: &str| {
+        parts
+            .headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    let key = parts.headers.get("sec-websocket-key").cloned();
+    let on_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let (Some(key), Some(on_upgrade), true, true, true) = (
+        key,
+        on_upgrade,
+        parts.method == Method::GET,
+        lists("connection", "upgrade"),
+        lists("upgrade", "websocket"),
+    ) else {
+        let mut resp = Response::new(full(Bytes::from_static(
+            b"{\"error\":\"a WebSocket handshake is required\"}",
+        )));
+        *resp.status_mut() = StatusCode::UPGRADE_REQUIRED;
+        resp.headers_mut()
+            .insert("upgrade", HeaderValue::from_static("websocket"));
+        resp.headers_mut()
+            .insert("connection", HeaderValue::from_static("upgrade"));
+        return resp;
+    };
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            Role::Server,
+            None,
+        )
+        .await;
+        while let Some(Ok(message)) = ws.next().await {
+            let echoed = match message {
+                Message::Text(_) | Message::Binary(_) => ws.send(message).await,
+                // Pings are answered and closes returned by the library.
+                _ => Ok(()),
+            };
+            if echoed.is_err() {
+                break;
+            }
+        }
+    });
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = resp.headers_mut();
+    headers.insert("connection", HeaderValue::from_static("upgrade"));
+    headers.insert("upgrade", HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
+        headers.insert("sec-websocket-accept", accept);
+    }
+    resp
 }
 
 /// The control headers that act before any routing: delay, then hang.

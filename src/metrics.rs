@@ -259,6 +259,33 @@ impl UpstreamError {
     }
 }
 
+/// How an `Upgrade` request that lockstep tunnels went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpgradeOutcome {
+    /// The backend switched protocols: a tunnel opened.
+    Tunnelled,
+    /// The backend answered something else, passed on as a response.
+    Declined,
+    /// No answer from the backend, or a switch to another protocol (502/504).
+    Failed,
+}
+
+impl UpgradeOutcome {
+    const ALL: [UpgradeOutcome; 3] = [
+        UpgradeOutcome::Tunnelled,
+        UpgradeOutcome::Declined,
+        UpgradeOutcome::Failed,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            UpgradeOutcome::Tunnelled => "tunnelled",
+            UpgradeOutcome::Declined => "declined",
+            UpgradeOutcome::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     kind: &'static str,
@@ -289,6 +316,11 @@ struct OperationLabel {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct EventLabel {
     event: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -457,11 +489,14 @@ impl LockMetrics {
     }
 }
 
-/// Requests to the backend. Recorded by the upstream client.
+/// Requests to the backend, and the upgrade tunnels to it. Recorded by the
+/// upstream client.
 #[derive(Debug, Clone)]
 pub struct UpstreamMetrics {
     duration: Histogram,
     errors: Vec<Counter>,
+    upgrades: Vec<Counter>,
+    tunnels_open: Gauge,
 }
 
 impl UpstreamMetrics {
@@ -474,6 +509,22 @@ impl UpstreamMetrics {
         if let Some(c) = self.errors.get(kind as usize) {
             c.inc();
         }
+    }
+
+    /// An upgrade request lockstep forwarded, and how it ended.
+    pub fn upgrade(&self, outcome: UpgradeOutcome) {
+        if let Some(c) = self.upgrades.get(outcome as usize) {
+            c.inc();
+        }
+    }
+
+    /// A tunnel opened; [`UpstreamMetrics::tunnel_closed`] when it ends.
+    pub fn tunnel_opened(&self) {
+        self.tunnels_open.inc();
+    }
+
+    pub fn tunnel_closed(&self) {
+        self.tunnels_open.dec();
     }
 }
 
@@ -721,11 +772,28 @@ impl Metrics {
             "Requests to the backend that got no response: connect, timeout, reset",
             upstream_errors.clone(),
         );
+        let upgrades = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "upgrades",
+            "Upgrade (WebSocket) requests forwarded to the backend, by outcome: \
+             tunnelled (101), declined (another answer), failed (no answer, 502/504)",
+            upgrades.clone(),
+        );
+        let tunnels_open = Gauge::<i64>::default();
+        r.register(
+            "upgrade_tunnels_open",
+            "Upgrade tunnels to the backend open now",
+            tunnels_open.clone(),
+        );
         let upstream = UpstreamMetrics {
             duration: upstream_duration,
             errors: series(&upstream_errors, &UpstreamError::ALL, |e| KindLabel {
                 kind: e.as_str(),
             }),
+            upgrades: series(&upgrades, &UpgradeOutcome::ALL, |o| OutcomeLabel {
+                outcome: o.as_str(),
+            }),
+            tunnels_open,
         };
 
         let db_duration: HistogramFamily<OperationLabel> =
@@ -879,6 +947,9 @@ mod tests {
         for (i, k) in UpstreamError::ALL.iter().enumerate() {
             assert_eq!(*k as usize, i);
         }
+        for (i, k) in UpgradeOutcome::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+        }
     }
 
     #[test]
@@ -899,6 +970,10 @@ mod tests {
         m.locks.released(1500);
         m.locks.swept(7);
         m.upstream.failed(UpstreamError::Reset);
+        m.upstream.upgrade(UpgradeOutcome::Tunnelled);
+        m.upstream.tunnel_opened();
+        m.upstream.tunnel_opened();
+        m.upstream.tunnel_closed();
         m.db.observe("version_commit", Duration::from_micros(300), false);
         let text = m.render(
             Format::Prometheus,
@@ -943,6 +1018,9 @@ mod tests {
             ("lockstep_lock_swept_rows_total", 7.0),
             ("lockstep_upstream_errors_total{kind=\"reset\"}", 1.0),
             ("lockstep_upstream_errors_total{kind=\"connect\"}", 0.0),
+            ("lockstep_upgrades_total{outcome=\"tunnelled\"}", 1.0),
+            ("lockstep_upgrades_total{outcome=\"declined\"}", 0.0),
+            ("lockstep_upgrade_tunnels_open", 1.0),
             (
                 "lockstep_db_query_duration_seconds_count{operation=\"version_commit\"}",
                 1.0,

@@ -92,6 +92,12 @@ pub struct ResourceConfig {
     /// comparison: members the backend changes on its own.
     #[serde(default)]
     pub drift_ignore: Vec<String>,
+    /// Every write to the resource goes through lockstep, so the version
+    /// table alone tells whether a client's copy is current: an
+    /// `If-None-Match` naming the current version is answered 304 without
+    /// asking the backend.
+    #[serde(default)]
+    pub exclusive_writes: bool,
 }
 
 /// How an item route's reads are checked for drift (`detect_drift`).
@@ -145,7 +151,7 @@ fn drift_policy(i: usize, entry: &ResourceConfig) -> Result<Option<Arc<DriftPoli
     }
     // Options that declare every write goes through lockstep contradict a
     // check for writes that did not; each is refused here, by name.
-    let excluded: [(&str, bool); 0] = [];
+    let excluded = [("exclusive_writes", entry.exclusive_writes)];
     if let Some((name, _)) = excluded.iter().find(|(_, on)| *on) {
         return Err(format!(
             "resources[{i}]: detect_drift and {name} exclude each other: {name} declares that \
@@ -177,12 +183,14 @@ pub struct Fencing {
 pub enum Route {
     /// An item route: `key` is the version-table key, `path` the canonical
     /// (re-encoded) path to forward, `fence` the lock that guards its writes,
-    /// `drift` the entry's drift policy when it has `detect_drift` on.
+    /// `drift` the entry's drift policy when it has `detect_drift` on,
+    /// `exclusive_writes` as configured for its resource.
     Item {
         key: String,
         path: String,
         fence: Fencing,
         drift: Option<Arc<DriftPolicy>>,
+        exclusive_writes: bool,
     },
     /// A collection route: POST here creates items. `fence` only when the
     /// entry's lock names no `{name}`: which item a POST creates is known
@@ -298,6 +306,7 @@ struct Pattern {
     require_lock: bool,
     /// The entry's drift policy (item patterns only).
     drift: Option<Arc<DriftPolicy>>,
+    exclusive_writes: bool,
     /// `resources[i].pattern` or `.collection`, for error messages.
     origin: String,
 }
@@ -349,6 +358,7 @@ impl ResourceMap {
                     } else {
                         None
                     },
+                    exclusive_writes: entry.exclusive_writes,
                     origin,
                 });
                 Ok(())
@@ -452,6 +462,7 @@ impl ResourceMap {
                 key: strict_named.key,
                 path: strict_named.path,
                 drift: strict_named.drift,
+                exclusive_writes: strict_named.exclusive_writes,
             },
             Kind::Collection => Route::Collection {
                 path: strict_named.path,
@@ -514,6 +525,8 @@ struct Named {
     fence: Option<Fencing>,
     /// The pattern's drift policy (equal readings name one pattern).
     drift: Option<Arc<DriftPolicy>>,
+    /// The pattern's `exclusive_writes` (equal readings name one pattern).
+    exclusive_writes: bool,
 }
 
 impl Named {
@@ -614,6 +627,7 @@ impl Pattern {
                 required: self.require_lock,
             }),
             drift: self.drift.clone(),
+            exclusive_writes: self.exclusive_writes,
         }
     }
 }
@@ -933,7 +947,29 @@ mod tests {
                 required: false,
             },
             drift: None,
+            exclusive_writes: false,
         }
+    }
+
+    #[test]
+    fn exclusive_writes_follow_the_entry_that_matched() {
+        let map = ResourceMap::new(&[
+            ResourceConfig {
+                exclusive_writes: true,
+                ..entry("/articles/{id}", Some("/articles"))
+            },
+            entry("/users/{uid}", None),
+        ])
+        .unwrap();
+        let exclusive = |path: &str| match map.classify(path).unwrap() {
+            Route::Item {
+                exclusive_writes, ..
+            } => exclusive_writes,
+            other => panic!("{path}: {other:?}"),
+        };
+        assert!(exclusive("/articles/1"));
+        assert!(exclusive("/articles//1/"));
+        assert!(!exclusive("/users/1"));
     }
 
     fn collection(path: &str) -> Route {
@@ -1353,6 +1389,20 @@ mod tests {
         assert!(e.contains("at least 256 bytes"), "{e}");
         let fits = format!("{}{{id}}", "x".repeat(MAX_LOCK_BYTES - 1));
         assert!(ResourceMap::new(&[fenced("/items/{id}", None, &fits)]).is_ok());
+    }
+
+    #[test]
+    fn drift_detection_and_exclusive_writes_exclude_each_other() {
+        let e = ResourceMap::new(&[ResourceConfig {
+            detect_drift: true,
+            exclusive_writes: true,
+            ..entry("/articles/{id}", None)
+        }])
+        .unwrap_err();
+        assert!(
+            e.contains("detect_drift and exclusive_writes exclude each other"),
+            "{e}"
+        );
     }
 
     #[test]

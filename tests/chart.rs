@@ -246,6 +246,14 @@ async fn sqlite_values_start_lockstep_with_their_settings() {
         .send()
         .await;
     assert_eq!(stale.status, 412, "{stale:?}");
+    // exclusive_writes = true on the order lines: a matching If-None-Match
+    // is answered from the version table (the backend has no such item).
+    let cached = client
+        .get(lockstep.proxy_url_for("/orders/1/lines/2"))
+        .header("if-none-match", "\"1\"")
+        .send()
+        .await;
+    assert_eq!(cached.status, 304, "{cached:?}");
     let lock = client
         .post(
             lockstep.admin_url_for("/locks/job:1"),

@@ -2,7 +2,9 @@
 //! both directions (RFC 9110 §7.6.1: `Connection` and every header it names,
 //! plus `Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`,
 //! `Upgrade`), and the `X-Forwarded-*` headers tell the backend who really
-//! called.
+//! called. The one exception is a WebSocket upgrade, which lockstep
+//! tunnels (`upgrade.rs`): there `Connection: upgrade` and `Upgrade:
+//! websocket` are set again on both legs after the strip.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -56,6 +58,45 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// The one protocol lockstep tunnels.
+pub const WEBSOCKET: HeaderValue = HeaderValue::from_static("websocket");
+
+/// Whether `Upgrade` names WebSocket among its protocols (RFC 9110 §7.8:
+/// `protocol-name ["/" protocol-version]`, case-insensitive).
+pub fn upgrade_names_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            let name = p.trim().split('/').next().unwrap_or_default();
+            name.trim().eq_ignore_ascii_case("websocket")
+        })
+}
+
+/// Whether an HTTP/1.1 request asks to switch to WebSocket: `Connection`
+/// lists `upgrade` and `Upgrade` names `websocket`. Other protocols
+/// (`h2c`, `TLS/1.2`) are not asked for here: lockstep ignores them, as
+/// RFC 9110 §7.8 allows, and the request goes on without its `Upgrade`.
+pub fn asks_websocket(headers: &HeaderMap) -> bool {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade && upgrade_names_websocket(headers)
+}
+
+/// Sets `Connection: upgrade` and `Upgrade: websocket` on a message whose
+/// hop-by-hop headers were stripped: the two that a WebSocket handshake
+/// must carry across each hop.
+pub fn keep_websocket_upgrade(headers: &mut HeaderMap) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, WEBSOCKET);
 }
 
 /// Removes `Content-Length` from a message that also has
@@ -122,6 +163,61 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn only_websocket_upgrades_are_asked_for() {
+        let cases: &[(&[(&str, &str)], bool)] = &[
+            (&[("connection", "Upgrade"), ("upgrade", "websocket")], true),
+            (
+                &[
+                    ("connection", "keep-alive, upgrade"),
+                    ("upgrade", "WebSocket"),
+                ],
+                true,
+            ),
+            (
+                &[("connection", "upgrade"), ("upgrade", "h2c, websocket/13")],
+                true,
+            ),
+            (&[("connection", "upgrade"), ("upgrade", "h2c")], false),
+            (
+                &[("connection", "keep-alive"), ("upgrade", "websocket")],
+                false,
+            ),
+            (&[("upgrade", "websocket")], false),
+            (&[("connection", "upgrade")], false),
+            (
+                &[("connection", "upgrade"), ("upgrade", "websockets")],
+                false,
+            ),
+        ];
+        for (pairs, want) in cases {
+            let mut h = HeaderMap::new();
+            for (name, value) in *pairs {
+                h.append(*name, value.parse().unwrap());
+            }
+            assert_eq!(asks_websocket(&h), *want, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn a_websocket_upgrade_survives_the_strip_only_when_set_again() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "upgrade, x-secret".parse().unwrap());
+        h.insert("upgrade", "websocket, h2c".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert(
+            "sec-websocket-key",
+            "dGhlIHNhbXBsZSBub25jZQ==".parse().unwrap(),
+        );
+        strip_hop_by_hop(&mut h);
+        assert!(!h.contains_key("upgrade"));
+        keep_websocket_upgrade(&mut h);
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["upgrade"], "websocket");
+        assert!(!h.contains_key("x-secret"));
+        assert!(h.contains_key("sec-websocket-key"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Forwarding to the backend: a pool of HTTP/1.1 connections, the hop-by-hop
-//! rules, and a classification of failures that the versioning wing needs to
-//! decide whether a write may have happened.
+//! rules, WebSocket tunnels (`upgrade.rs`), and a classification of failures
+//! that the versioning wing needs to decide whether a write may have
+//! happened.
 //!
 //! Why the classification matters: a connect failure means the backend never
 //! saw the request (nothing to bump), while a timeout or reset after the
@@ -9,8 +10,10 @@
 
 pub mod headers;
 mod pool;
+mod upgrade;
 
 pub use pool::PooledBody;
+pub use upgrade::Tunnels;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -54,6 +57,7 @@ pub struct Upstream {
     host: Option<HeaderValue>,
     request_timeout: Duration,
     metrics: UpstreamMetrics,
+    tunnels: Tunnels,
 }
 
 /// Why forwarding failed.
@@ -187,12 +191,18 @@ impl Upstream {
             ),
             host,
             request_timeout: settings.request_timeout,
+            tunnels: Tunnels::new(metrics.clone()),
             metrics,
         }
     }
 
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
+    }
+
+    /// The WebSocket tunnels this client opened, for the drain.
+    pub fn tunnels(&self) -> &Tunnels {
+        &self.tunnels
     }
 
     /// Rewrites `req` for the backend: its URI is `path_and_query` (origin

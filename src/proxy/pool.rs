@@ -138,6 +138,11 @@ fn keep_alive_for(value: &HeaderValue) -> Option<Duration> {
     Some(Duration::from_millis(ms - (ms / 2).min(1000)))
 }
 
+/// A failure before any byte of the request can have left.
+fn not_sent(e: BoxError) -> ForwardError {
+    ForwardError::NotSent(crate::error::chain(e.as_ref()))
+}
+
 /// RFC 9110 §9.2.1: a safe method asks for no change on the backend, so a
 /// failure after it was sent loses nothing.
 fn is_safe(method: &Method) -> bool {
@@ -255,16 +260,47 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<Conn, ForwardError> {
-        let not_sent = |e: BoxError| ForwardError::NotSent(crate::error::chain(e.as_ref()));
+    /// Sends `req` on a connection of its own that is never given back to
+    /// the pool, driven with upgrades enabled: after a `101` it carries
+    /// another protocol, and after any other answer it closes once the
+    /// response is done. Returns the response and the connection's sender,
+    /// which the caller keeps for as long as it uses the response.
+    ///
+    /// Timeouts and failures are classified as in [`Pool::send`].
+    pub async fn send_dedicated(
+        &self,
+        req: Request<Body>,
+    ) -> Result<(Response<Incoming>, SendRequest<Body>), ForwardError> {
+        let io = Box::pin(self.open()).await?;
+        let (mut sender, conn) = http1::handshake(io).await.map_err(|e| not_sent(e.into()))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream upgrade connection closed with an error");
+            }
+        });
+        let sent = tokio::time::timeout(self.shared.request_timeout, sender.try_send_request(req))
+            .await
+            .map_err(|_| ForwardError::Timeout)?;
+        match sent {
+            Ok(resp) => Ok((resp, sender)),
+            Err(mut e) => match e.take_message() {
+                Some(_) => Err(ForwardError::NotSent(crate::error::chain(&e.into_error()))),
+                None => Err(ForwardError::Failed(crate::error::chain(&e.into_error()))),
+            },
+        }
+    }
+
+    /// A new transport (TCP, and TLS for `https://`) to the backend.
+    async fn open(&self) -> Result<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>, ForwardError> {
         let mut connector = self.connector.clone();
         poll_fn(|cx| connector.poll_ready(cx))
             .await
             .map_err(not_sent)?;
-        let io = connector
-            .call(self.target.clone())
-            .await
-            .map_err(not_sent)?;
+        connector.call(self.target.clone()).await.map_err(not_sent)
+    }
+
+    async fn connect(&self) -> Result<Conn, ForwardError> {
+        let io = self.open().await?;
         let socket = duplicate_socket(&io);
         let (sender, conn) = http1::handshake(io).await.map_err(|e| not_sent(e.into()))?;
         tokio::spawn(async move {

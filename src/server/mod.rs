@@ -3,6 +3,8 @@
 //! and HTTP/2 by ALPN over TLS or with prior knowledge, h2c, in the clear),
 //! watched by a `GracefulShutdown` so SIGTERM stops accepting, lets
 //! in-flight requests finish within the drain timeout, and then returns.
+//! WebSocket tunnels, which hyper no longer watches once upgraded, are
+//! waited for within the same timeout and closed when it runs out.
 //!
 //! The TLS handshake runs in the connection's own task, bounded by the
 //! header read timeout, so a client that stalls mid-handshake holds one
@@ -27,6 +29,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::Body;
+use crate::proxy::Tunnels;
 
 /// Connection-level limits, and TLS when the listener serves it.
 #[derive(Debug, Clone)]
@@ -52,6 +55,12 @@ pub trait Handler: Clone + Send + Sync + 'static {
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send;
+
+    /// The upgrade tunnels this handler opens, if it opens any: the drain
+    /// waits for them and closes those left at the drain timeout.
+    fn tunnels(&self) -> Option<Tunnels> {
+        None
+    }
 }
 
 /// Serves `listener` until `shutdown` fires, then drains for at most
@@ -82,6 +91,7 @@ pub async fn serve<H: Handler>(
         .keep_alive_interval(Some(settings.idle_timeout / 2))
         .keep_alive_timeout(Duration::from_secs(20));
     let builder = Arc::new(builder);
+    let tunnels = handler.tunnels();
     // Shared, not cloned per request: a router holds a dozen handles
     // (store, upstream client, settings), and cloning them for every
     // request showed up in profiles.
@@ -130,13 +140,22 @@ pub async fn serve<H: Handler>(
         });
     }
     drop(listener);
+    let drained = async {
+        graceful.shutdown().await;
+        if let Some(tunnels) = &tunnels {
+            tunnels.idle().await;
+        }
+    };
     tokio::select! {
-        () = graceful.shutdown() => {
+        () = drained => {
             tracing::info!(listener = name, "drained");
         }
         () = tokio::time::sleep(settings.drain_timeout) => {
             tracing::warn!(listener = name, drain_timeout_ms = settings.drain_timeout.as_millis() as u64, "drain timed out; closing remaining connections");
         }
+    }
+    if let Some(tunnels) = &tunnels {
+        tunnels.close_all();
     }
 }
 

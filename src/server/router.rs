@@ -1,9 +1,11 @@
 //! Sends each request to a wing. The proxy listener: the lock API under its
-//! optional prefix, versioned routes to the versioning wing, everything else
-//! straight through; CONNECT is refused with 405, since lockstep opens no
-//! tunnels. The admin listener: health, readiness, metrics, locks, the
-//! operators' version endpoints (behind the lock API's bearer tokens) and
-//! the OpenAPI document.
+//! optional prefix, versioned routes to the versioning wing, WebSocket
+//! upgrades on unversioned routes to a tunnel, everything else straight
+//! through; CONNECT is refused with 405, since lockstep opens no tunnel to
+//! anything but the backend's WebSocket endpoints, and a WebSocket upgrade
+//! on a versioned route with 400. The admin listener: health, readiness,
+//! metrics, locks, the operators' version endpoints (behind the lock API's
+//! bearer tokens) and the OpenAPI document.
 //!
 //! The routers count every request by the kind of route that answered it,
 //! since this is where that is decided, and write the access line of the
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
 use super::Handler;
@@ -24,7 +26,7 @@ use crate::locks::auth::ApiTokens;
 use crate::locks::Locks;
 use crate::metrics::{self, HttpMetrics, Metrics, RequestKind};
 use crate::problem;
-use crate::proxy::{Inbound, Upstream};
+use crate::proxy::{headers, Inbound, Tunnels, Upstream};
 use crate::resources::{ResourceMap, Route};
 use crate::store::Store;
 use crate::versioning::Versioning;
@@ -55,6 +57,10 @@ impl Handler for ProxyRouter {
         self.metrics
             .record(kind, &method, resp.status(), started.elapsed());
         resp
+    }
+
+    fn tunnels(&self) -> Option<Tunnels> {
+        Some(self.upstream.tunnels().clone())
     }
 }
 
@@ -94,6 +100,28 @@ impl ProxyRouter {
                 return refused(&req, kind, &Error::InvalidPath(e), started);
             }
         };
+        // RFC 9110 §7.8: `Upgrade` means nothing in HTTP/1.0 (and HTTP/2
+        // has no such header).
+        let websocket = req.version() == Version::HTTP_11 && headers::asks_websocket(req.headers());
+        if websocket && route != Route::Unversioned {
+            // A tunnel carries bytes past every check: never to an item.
+            let kind = if req.method() == Method::GET || req.method() == Method::HEAD {
+                RequestKind::VersionedRead
+            } else {
+                RequestKind::VersionedWrite
+            };
+            let e = Error::InvalidRequest(format!(
+                "{} is a versioned route: it is served as plain HTTP with version checks, never upgraded to a WebSocket tunnel",
+                req.uri().path()
+            ));
+            return refused(&req, kind, &e, started);
+        }
+        if websocket && req.method() == Method::GET {
+            return (
+                RequestKind::Passthrough,
+                self.upgrade(req, inbound, started).await,
+            );
+        }
         if route == Route::Unversioned {
             return (
                 RequestKind::Passthrough,
@@ -108,6 +136,31 @@ impl ProxyRouter {
                 self.passthrough(req, inbound, started).await,
             ),
         }
+    }
+
+    async fn upgrade(
+        &self,
+        req: Request<Incoming>,
+        inbound: Inbound<'_>,
+        started: Instant,
+    ) -> Response<Body> {
+        if !self.access_log {
+            return self.upstream.upgrade(req, inbound).await.0;
+        }
+        let method = req.method().clone();
+        let uri = req.uri().clone();
+        let (resp, outcome) = self.upstream.upgrade(req, inbound).await;
+        tracing::info!(
+            target: "lockstep::request",
+            kind = "passthrough",
+            method = %method,
+            path = uri.path(),
+            status = resp.status().as_u16(),
+            outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "passthrough request"
+        );
+        resp
     }
 
     async fn passthrough(

@@ -110,7 +110,7 @@ impl Versioning {
     async fn bump_one(&self, key: &str) -> Result<Response<Body>> {
         let lease_id = uuid::Uuid::new_v4().to_string();
         let held = self
-            .claim(key, &Expected::Unchecked, &lease_id)
+            .claim(key, &Expected::Unchecked, &lease_id, None)
             .await
             .map_err(|(e, _)| e)?;
         let Some(new) = self.store.commit(key, &lease_id).await? else {

@@ -37,8 +37,8 @@
 pub mod admin;
 pub mod coding;
 pub mod detect;
-pub mod fence;
 pub mod drift;
+pub mod fence;
 pub mod method;
 pub mod precondition;
 pub mod splice;
@@ -148,12 +148,28 @@ impl Versioning {
             }
         };
         let (kind, key, result) = match (route, &checked_as) {
-            (Route::Item { key, path, drift, .. }, &Method::GET | &Method::HEAD) => {
+            (
+                Route::Item {
+                    key,
+                    path,
+                    drift,
+                    exclusive_writes,
+                    ..
+                },
+                &Method::GET | &Method::HEAD,
+            ) => {
                 let pq = with_query(path, req.uri());
-                let result = self.read(req, key, drift.as_deref(), pq, inbound).await;
+                let result = self
+                    .read(req, key, drift.as_deref(), *exclusive_writes, pq, inbound)
+                    .await;
                 (RequestKind::VersionedRead, key.clone(), result)
             }
-            (Route::Item { key, path, fence, .. }, &Method::PUT | &Method::PATCH | &Method::DELETE) => {
+            (
+                Route::Item {
+                    key, path, fence, ..
+                },
+                &Method::PUT | &Method::PATCH | &Method::DELETE,
+            ) => {
                 let pq = with_query(path, req.uri());
                 let result = self.write(req, key, fence, pq, inbound).await;
                 (RequestKind::VersionedWrite, key.clone(), result)
@@ -222,6 +238,7 @@ impl Versioning {
         req: Request<Incoming>,
         key: &str,
         drift: Option<&DriftPolicy>,
+        exclusive_writes: bool,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
@@ -244,6 +261,25 @@ impl Versioning {
                 (None, None)
             }
         };
+        // 304 from the table: when every write goes through lockstep, the
+        // version alone says the client's copy is current. The effective
+        // version counts a write lease that ran out (its write may have
+        // happened), and nothing is claimed or taken over by a read.
+        if let Some(version) = version.filter(|_| exclusive_writes) {
+            if precondition::if_none_match_names(req.headers(), version) {
+                let mut resp = Response::new(body::empty());
+                *resp.status_mut() = StatusCode::NOT_MODIFIED;
+                set_etag(resp.headers_mut(), version);
+                return Ok((
+                    resp,
+                    Outcome {
+                        before: Some(version),
+                        after: Some(version),
+                        outcome: "not-modified-from-table",
+                    },
+                ));
+            }
+        }
         let (mut parts, body) = req.into_parts();
         // Keep only If-None-Match: it is answered here, after the backend.
         let mut inm_headers = HeaderMap::new();

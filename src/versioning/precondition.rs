@@ -211,6 +211,19 @@ pub fn if_none_match_hits(headers: &HeaderMap, version: i64) -> bool {
     }
 }
 
+/// Does `If-None-Match` name `version` among its tags? Weak comparison,
+/// like [`if_none_match_hits`], but `*` does not count: `*` asks whether
+/// any representation exists (RFC 9110 §13.1.2), which only the backend
+/// can tell; the version table also holds keys whose item was deleted.
+pub fn if_none_match_names(headers: &HeaderMap, version: i64) -> bool {
+    match parse_tag_header(headers, &IF_NONE_MATCH) {
+        Ok(Some(TagList::Tags(tags))) => tags
+            .iter()
+            .any(|t| parse_version(&t.opaque) == Some(version)),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -319,5 +332,19 @@ mod tests {
             3
         ));
         assert!(!if_none_match_hits(&HeaderMap::new(), 3));
+    }
+
+    #[test]
+    fn only_a_named_version_is_answered_from_the_table() {
+        let names = |values: &[&str], v| if_none_match_names(&headers("if-none-match", values), v);
+        assert!(names(&["\"3\""], 3));
+        assert!(names(&["W/\"3\""], 3));
+        assert!(names(&["\"1\", \"3\""], 3));
+        assert!(names(&["\"1\"", "\"3\""], 3));
+        assert!(!names(&["*"], 3));
+        assert!(!names(&["\"2\""], 3));
+        assert!(!names(&["\"backend-3\""], 3));
+        assert!(!names(&["garbage"], 3));
+        assert!(!if_none_match_names(&HeaderMap::new(), 3));
     }
 }

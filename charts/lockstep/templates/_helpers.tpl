@@ -283,6 +283,9 @@ detect_drift = true
 {{- with $r.drift_ignore }}
 drift_ignore = {{ toJson . }}
 {{- end }}
+{{- if $r.exclusive_writes }}
+exclusive_writes = true
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,210 @@
+//! WebSocket upgrades on unversioned routes: the handshake is forwarded on
+//! a connection of its own, and once the backend answers `101 Switching
+//! Protocols` the client's connection and that one are joined byte for byte
+//! until either side closes.
+//!
+//! Why only WebSocket: after a switch lockstep sees no more requests, only
+//! bytes. A WebSocket carries frames to the backend's socket handler, never
+//! HTTP requests; an `h2c` upgrade would carry every later HTTP/2 request
+//! to the backend past the version checks. So `Upgrade: websocket` is
+//! tunnelled, and any other protocol is ignored (RFC 9110 §7.8 lets an
+//! intermediary do that): the request goes on as a plain one without its
+//! `Upgrade`. A backend that answers a WebSocket handshake by switching to
+//! something else gets its connection closed and the client a 502.
+//!
+//! Why a dedicated connection: a connection that switched protocols can
+//! never carry another request, so it is opened for the handshake, driven
+//! with upgrades enabled, and never enters the pool (`pool.rs`).
+//!
+//! Why tunnels are tracked: hyper hands an upgraded connection over and
+//! forgets it, so the graceful drain would neither wait for a tunnel nor
+//! close it. [`Tunnels`] lets the drain wait for open tunnels like any
+//! in-flight request, and close whatever is left when the drain timeout
+//! runs out.
+
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{headers, Inbound, Upstream};
+use crate::body::{self, Body, BoxError};
+use crate::error::Error;
+use crate::metrics::{UpgradeOutcome, UpstreamError, UpstreamMetrics};
+
+/// The tunnels one upstream client opened. Clones share them.
+#[derive(Clone)]
+pub struct Tunnels {
+    tracker: TaskTracker,
+    close: CancellationToken,
+    metrics: UpstreamMetrics,
+}
+
+impl Tunnels {
+    pub fn new(metrics: UpstreamMetrics) -> Self {
+        Self {
+            tracker: TaskTracker::new(),
+            close: CancellationToken::new(),
+            metrics,
+        }
+    }
+
+    /// Returns once no tunnel is open. For the drain: tunnels opened while
+    /// it waits are waited for too.
+    pub async fn idle(&self) {
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// Closes every tunnel still open (both of its connections).
+    pub fn close_all(&self) {
+        self.close.cancel();
+    }
+
+    /// Joins the client's connection to the backend's once both upgrades
+    /// are done, in a task of its own, until either side closes or
+    /// [`Tunnels::close_all`].
+    fn open(&self, client: OnUpgrade, backend: OnUpgrade, keep: impl Send + 'static) {
+        let close = self.close.clone();
+        let metrics = self.metrics.clone();
+        self.tracker.spawn(async move {
+            metrics.tunnel_opened();
+            let joined = async move {
+                let (client, backend) = tokio::try_join!(client, backend)?;
+                // The backend's sender lives as long as the tunnel.
+                let _keep = keep;
+                join(TokioIo::new(client), TokioIo::new(backend)).await?;
+                Ok::<_, BoxError>(())
+            };
+            tokio::select! {
+                result = joined => match result {
+                    Ok(()) => tracing::debug!("upgrade tunnel closed"),
+                    Err(e) => tracing::debug!(error = %crate::error::chain(e.as_ref()), "upgrade tunnel failed"),
+                },
+                () = close.cancelled() => {
+                    tracing::info!("upgrade tunnel closed by the drain timeout");
+                }
+            }
+            metrics.tunnel_closed();
+        });
+    }
+}
+
+/// How long the other direction of a tunnel may go on once one side has
+/// closed: long enough for the answer to a WebSocket close, short enough
+/// that a peer that never closes its side does not hold the tunnel.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// Copies bytes both ways until both directions have ended, or one has and
+/// the other has not within [`LINGER`]. An end (EOF) is passed on as a
+/// shutdown of the other side's sending half.
+///
+/// Why not `copy_bidirectional` alone: it waits for both directions, and a
+/// WebSocket client that has seen the close handshake may keep its socket
+/// open without a word, which would hold the tunnel (and a backend
+/// connection) until the client goes away.
+async fn join<C, B>(client: C, backend: B) -> std::io::Result<()>
+where
+    C: AsyncRead + AsyncWrite,
+    B: AsyncRead + AsyncWrite,
+{
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut backend_read, mut backend_write) = tokio::io::split(backend);
+    let up = async {
+        tokio::io::copy(&mut client_read, &mut backend_write).await?;
+        backend_write.shutdown().await
+    };
+    let down = async {
+        tokio::io::copy(&mut backend_read, &mut client_write).await?;
+        client_write.shutdown().await
+    };
+    tokio::pin!(up, down);
+    let (first, rest) = tokio::select! {
+        r = &mut up => (r, tokio::time::timeout(LINGER, &mut down).await),
+        r = &mut down => (r, tokio::time::timeout(LINGER, &mut up).await),
+    };
+    first?;
+    // The second direction's end is ordinary either way: it finished, or
+    // it was cut after the linger.
+    match rest {
+        Ok(r) => r,
+        Err(_) => Ok(()),
+    }
+}
+
+impl Upstream {
+    /// Forwards a WebSocket handshake (a `GET` on an unversioned route that
+    /// [`headers::asks_websocket`]) and, on `101`, opens the tunnel. Any
+    /// other answer passes on as a normal response. Returns the response
+    /// and, for the access log, the outcome.
+    pub async fn upgrade(
+        &self,
+        mut req: Request<Incoming>,
+        inbound: Inbound<'_>,
+    ) -> (Response<Body>, &'static str) {
+        // Taken before the request moves on: it resolves once hyper has
+        // written our 101 to the client.
+        let client = hyper::upgrade::on(&mut req);
+        let pq = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let mut fwd = req.map(body::boxed);
+        self.prepare(&mut fwd, pq, inbound);
+        headers::keep_websocket_upgrade(fwd.headers_mut());
+
+        let started = std::time::Instant::now();
+        let (mut resp, sender) = match self.pool.send_dedicated(fwd).await {
+            Ok(sent) => sent,
+            Err(e) => {
+                self.metrics.failed(match e {
+                    super::ForwardError::NotSent(_) => UpstreamError::Connect,
+                    super::ForwardError::Timeout => UpstreamError::Timeout,
+                    super::ForwardError::Failed(_) => UpstreamError::Reset,
+                });
+                self.metrics.upgrade(UpgradeOutcome::Failed);
+                tracing::warn!(error = ?e, "upgrade request failed");
+                return super::failure(&e.to_error(self.request_timeout));
+            }
+        };
+        self.metrics.responded(started.elapsed());
+        headers::drop_length_beside_transfer_encoding(resp.headers_mut());
+
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            self.metrics.upgrade(UpgradeOutcome::Declined);
+            headers::strip_hop_by_hop(resp.headers_mut());
+            // The sender rides along with the body: the connection stays
+            // up until the answer has been read, then closes.
+            let resp = resp.map(move |incoming| {
+                body::boxed(http_body_util::BodyExt::map_frame(incoming, move |f| {
+                    let _ = &sender;
+                    f
+                }))
+            });
+            return (resp, "upgrade-declined");
+        }
+        if !headers::upgrade_names_websocket(resp.headers()) {
+            // Switched, but not to what was asked: dropping the response
+            // and the sender closes that connection.
+            self.metrics.upgrade(UpgradeOutcome::Failed);
+            return super::failure(&Error::BadGateway(
+                "the backend answered a WebSocket handshake by switching to another protocol"
+                    .into(),
+            ));
+        }
+        let backend = hyper::upgrade::on(&mut resp);
+        let (mut parts, _) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::keep_websocket_upgrade(&mut parts.headers);
+        self.tunnels.open(client, backend, sender);
+        self.metrics.upgrade(UpgradeOutcome::Tunnelled);
+        (Response::from_parts(parts, body::empty()), "tunnelled")
+    }
+}
