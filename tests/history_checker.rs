@@ -59,6 +59,7 @@ fn applied(n: u64) -> WriteResult {
 fn unknown() -> WriteResult {
     WriteResult::Unknown {
         why: "reset".into(),
+        answered: true,
     }
 }
 
@@ -79,6 +80,7 @@ fn check(ops: &[RegisterOp], journal: &[JournalWrite]) -> Report {
         journal,
         &Limits {
             open_for: std::time::Duration::from_millis(100),
+            settle: std::time::Duration::from_millis(50),
             max_states: 1_000_000,
         },
     )

@@ -136,8 +136,9 @@ async fn runs(store: Store, pg: Option<&PgCluster>) {
             *total.notes.entry(k).or_default() += v;
         }
     }
-    // One line for scripts/faults to add up.
-    eprintln!(
+    // One line for scripts/faults to add up (also appended to the file
+    // named by LOCKSTEP_FAULT_REPORT, whatever the test runner captures).
+    let summary = format!(
         "FAULT-SUMMARY store={store:?} runs={} operations={} register_ops={} lock_ops={} faults={} \
          faults_injected={} violations={} notes={} search_states={}",
         total.runs,
@@ -150,6 +151,16 @@ async fn runs(store: Store, pg: Option<&PgCluster>) {
         format_map(&total.notes),
         total.states,
     );
+    eprintln!("{summary}");
+    if let Ok(path) = std::env::var("LOCKSTEP_FAULT_REPORT") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("cannot open LOCKSTEP_FAULT_REPORT {path}: {e}"));
+        writeln!(file, "{summary}").expect("write the fault report");
+    }
     assert!(
         failed.is_empty(),
         "{} of {count} runs broke the contract:\n{}",
@@ -275,6 +286,8 @@ async fn one_run(
         // the lease, a database call stuck in the pool's acquire timeout
         // (3 s), and slack.
         open_for: Duration::from_millis(WRITE_WAIT_MS + WRITE_LEASE_MS + 3_000 + 2_000),
+        // Once lockstep answered: the lease, and slack.
+        settle: Duration::from_millis(WRITE_LEASE_MS + 500),
         max_states: 5_000_000,
     };
     let mut report =
@@ -512,7 +525,12 @@ fn problem_type(resp: &Resp) -> Option<String> {
 fn write_result(answer: Result<Resp, ClientError>) -> WriteResult {
     let resp = match answer {
         Ok(resp) => resp,
-        Err(e) => return WriteResult::Unknown { why: e.to_string() },
+        Err(e) => {
+            return WriteResult::Unknown {
+                why: e.to_string(),
+                answered: false,
+            }
+        }
     };
     let problem = problem_type(&resp);
     match (resp.status, problem.as_deref()) {
@@ -530,6 +548,7 @@ fn write_result(answer: Result<Resp, ClientError>) -> WriteResult {
         (status @ 400..=499, None) => WriteResult::Refused { status },
         (status, problem) => WriteResult::Unknown {
             why: format!("{status} {problem:?}"),
+            answered: true,
         },
     }
 }

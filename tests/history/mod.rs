@@ -69,7 +69,10 @@ pub enum WriteResult {
     /// The backend refused (its 4xx, passed through): not applied.
     Refused { status: u16 },
     /// 5xx, timeout, reset, lockstep gone: may or may not have taken effect.
-    Unknown { why: String },
+    /// `answered`: lockstep sent an answer (a 5xx of the backend's, or its
+    /// own 502/503/504), so it has done all it will do for this write; only
+    /// the backend and the lease can still act, within the lease.
+    Unknown { why: String, answered: bool },
 }
 
 /// A write as the backend received it (its journal, in arrival order).

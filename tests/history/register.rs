@@ -40,6 +40,10 @@ pub struct Limits {
     /// How long after its call began a write of unknown outcome may still
     /// take effect.
     pub open_for: Duration,
+    /// How long after lockstep answered a write of unknown outcome it may
+    /// still take effect (the backend finishing, the lease running out):
+    /// the write lease plus slack.
+    pub settle: Duration,
     /// States the search may visit per item before it gives up (reported
     /// as inconclusive, never as a pass or a violation).
     pub max_states: u64,
@@ -49,6 +53,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             open_for: Duration::from_secs(10),
+            settle: Duration::from_secs(2),
             max_states: 2_000_000,
         }
     }
@@ -301,17 +306,31 @@ impl Model {
             let next = u32::try_from(values.len()).unwrap_or(u32::MAX);
             *values.entry(v.to_string()).or_insert(next)
         };
-        let open_for = u64::try_from(limits.open_for.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let (open_for, settle) = (nanos(limits.open_for), nanos(limits.settle));
         // Steps with `after` pointing into this vector; sorted below.
         let mut steps: Vec<Step> = Vec::new();
         for (origin, op) in ops.iter().enumerate() {
+            // Until when an open outcome of this call may still act.
+            let open_until = match &op.kind {
+                RegisterKind::Write {
+                    result: WriteResult::Refused { .. },
+                    ..
+                } => op.end,
+                RegisterKind::Write {
+                    result:
+                        WriteResult::Unknown { answered: true, .. }
+                        | WriteResult::Applied { new_version: None },
+                    ..
+                } => op
+                    .end
+                    .saturating_add(settle)
+                    .min(op.start.saturating_add(open_for)),
+                _ => op.start.saturating_add(open_for),
+            };
             let at = |action, required: bool, after: [Option<usize>; 2]| Step {
                 start: op.start,
-                end: if required {
-                    op.end
-                } else {
-                    op.start.saturating_add(open_for)
-                },
+                end: if required { op.end } else { open_until },
                 required,
                 after,
                 action,
@@ -428,12 +447,19 @@ impl Model {
     }
 
     /// The steps that may come next, with the states they lead to.
+    ///
+    /// An observation (a read's version or body, a conflict's version) that
+    /// fits the state now is taken alone, without branching: it changes no
+    /// state, so any order that places it later can place it here instead,
+    /// unless an open step whose window closes before the observation began
+    /// would then be shut out (in that case every choice is kept).
     fn choices(&self, done: &BitSet, state: State, max_start: u64) -> Vec<(usize, State)> {
-        let mut out = Vec::new();
         // A step may come next only if no required step still waiting ended
         // before it began. Steps are sorted by start, so the scan stops at
         // the first one that begins after the earliest waiting end.
         let mut min_end = u64::MAX;
+        // The earliest closing window of an open step still placeable.
+        let mut min_open_end = u64::MAX;
         for (i, step) in self.steps.iter().enumerate().skip(done.first_clear()) {
             if step.start > min_end {
                 break;
@@ -443,8 +469,11 @@ impl Model {
             }
             if step.required {
                 min_end = min_end.min(step.end);
+            } else if step.end >= max_start {
+                min_open_end = min_open_end.min(step.end);
             }
         }
+        let mut out = Vec::new();
         for (i, step) in self.steps.iter().enumerate().skip(done.first_clear()) {
             if step.start > min_end {
                 break;
@@ -457,9 +486,14 @@ impl Model {
             if !step.required && step.end < max_start {
                 continue;
             }
-            if let Some(next) = self.apply(state, step.action) {
-                out.push((i, next));
+            let Some(next) = self.apply(state, step.action) else {
+                continue;
+            };
+            let observation = matches!(step.action, Action::ReadVersion(_) | Action::ReadValue(_));
+            if observation && step.start <= min_open_end {
+                return vec![(i, next)];
             }
+            out.push((i, next));
         }
         out
     }
