@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use common::{Backend, Client, ClientError, Lockstep, Resp};
 use history::register::Limits;
 use history::{
-    Grant, JournalWrite, LockKind, LockOp, LockResult, Recorder, RegisterKind, RegisterOp,
-    ReleaseResult, Report, Rng, WriteResult, SEED_OP,
+    Grant, JournalWrite, LockKind, LockOp, LockResult, NoteKind, Recorder, RegisterKind,
+    RegisterOp, ReleaseResult, Report, Rng, WriteResult, SEED_OP,
 };
 use pg_cluster::PgCluster;
 use serde_json::{json, Value};
@@ -83,12 +83,59 @@ struct Tally {
     violations: u64,
     notes: BTreeMap<String, u64>,
     states: u64,
+    /// What the load did, so a run that raced nobody cannot pass unseen.
+    outcomes: BTreeMap<&'static str, u64>,
 }
 
 impl Tally {
     fn fault(&mut self, name: &'static str) {
         *self.faults.entry(name).or_default() += 1;
     }
+
+    fn add(&mut self, other: Tally) {
+        self.runs += 1;
+        self.register_ops += other.register_ops;
+        self.lock_ops += other.lock_ops;
+        self.violations += other.violations;
+        self.states += other.states;
+        for (k, v) in other.faults {
+            *self.faults.entry(k).or_default() += v;
+        }
+        for (k, v) in other.notes {
+            *self.notes.entry(k).or_default() += v;
+        }
+        for (k, v) in other.outcomes {
+            *self.outcomes.entry(k).or_default() += v;
+        }
+    }
+}
+
+/// Counts what the clients were told: writes applied, refused as stale,
+/// of unknown outcome; locks granted and refused.
+fn outcomes(register_ops: &[RegisterOp], lock_ops: &[LockOp]) -> BTreeMap<&'static str, u64> {
+    let mut counts = BTreeMap::new();
+    for op in register_ops {
+        let name = match &op.kind {
+            RegisterKind::Read { .. } => "read",
+            RegisterKind::Write { result, .. } => match result {
+                WriteResult::Applied { .. } => "write-applied",
+                WriteResult::Conflict { .. } => "write-conflict",
+                WriteResult::NotAttempted => "write-not-attempted",
+                WriteResult::Refused { .. } => "write-refused",
+                WriteResult::Unknown { .. } => "write-unknown",
+            },
+        };
+        *counts.entry(name).or_default() += 1;
+    }
+    for op in lock_ops {
+        let name = match &op.kind {
+            LockKind::Acquire(LockResult::Granted(_)) => "lock-granted",
+            LockKind::Acquire(LockResult::Refused) => "lock-refused",
+            _ => continue,
+        };
+        *counts.entry(name).or_default() += 1;
+    }
+    counts
 }
 
 fn format_map<K: std::fmt::Display>(map: &BTreeMap<K, u64>) -> String {
@@ -116,31 +163,22 @@ async fn runs(store: Store, pg: Option<&PgCluster>) {
         eprintln!("history run: store={store:?} seed={seed} (replay: LOCKSTEP_FAULT_SEED={seed} LOCKSTEP_FAULT_RUNS=1)");
         let (tally, report) = one_run(store, pg, seed, Duration::from_secs(secs)).await;
         eprintln!(
-            "history run: store={store:?} seed={seed}: {} register ops, {} lock ops, faults {}, {report}",
+            "history run: store={store:?} seed={seed}: {} register ops, {} lock ops, outcomes {}, faults {}, {report}",
             tally.register_ops,
             tally.lock_ops,
+            format_map(&tally.outcomes),
             format_map(&tally.faults)
         );
-        if !report.is_clean() {
+        if !report.is_clean() || report.count_notes(NoteKind::Inconclusive) > 0 {
             failed.push((seed, report.to_string()));
         }
-        total.runs += 1;
-        total.register_ops += tally.register_ops;
-        total.lock_ops += tally.lock_ops;
-        total.violations += tally.violations;
-        total.states += tally.states;
-        for (k, v) in tally.faults {
-            *total.faults.entry(k).or_default() += v;
-        }
-        for (k, v) in tally.notes {
-            *total.notes.entry(k).or_default() += v;
-        }
+        total.add(tally);
     }
     // One line for scripts/faults to add up (also appended to the file
     // named by LOCKSTEP_FAULT_REPORT, whatever the test runner captures).
     let summary = format!(
         "FAULT-SUMMARY store={store:?} runs={} operations={} register_ops={} lock_ops={} faults={} \
-         faults_injected={} violations={} notes={} search_states={}",
+         faults_injected={} violations={} notes={} search_states={} outcomes={}",
         total.runs,
         total.register_ops + total.lock_ops,
         total.register_ops,
@@ -150,6 +188,7 @@ async fn runs(store: Store, pg: Option<&PgCluster>) {
         total.violations,
         format_map(&total.notes),
         total.states,
+        format_map(&total.outcomes),
     );
     eprintln!("{summary}");
     if let Ok(path) = std::env::var("LOCKSTEP_FAULT_REPORT") {
@@ -171,7 +210,26 @@ async fn runs(store: Store, pg: Option<&PgCluster>) {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    assert!(total.register_ops > 0 && total.lock_ops > 0, "nothing ran");
+    // The runs proved something only if the clients raced and the faults
+    // happened.
+    for what in [
+        "write-applied",
+        "write-conflict",
+        "write-unknown",
+        "lock-granted",
+        "lock-refused",
+    ] {
+        assert!(
+            total.outcomes.get(what).copied().unwrap_or(0) > 0,
+            "no {what} in {} runs: the load did not exercise what it claims ({})",
+            total.runs,
+            format_map(&total.outcomes)
+        );
+    }
+    assert!(
+        total.faults.get("lockstep-kill").copied().unwrap_or(0) > 0,
+        "lockstep was never killed"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -294,7 +352,7 @@ async fn one_run(
         tokio::task::block_in_place(|| history::register::check(&register_ops, &journal, &limits));
     report.merge(history::locks::check(&lock_ops, 2));
     drop(fleet);
-    if !report.is_clean() {
+    if !report.is_clean() || report.count_notes(NoteKind::Inconclusive) > 0 {
         dump(store, seed, &register_ops, &journal, &lock_ops);
     }
 
@@ -303,6 +361,7 @@ async fn one_run(
     tally.lock_ops = lock_ops.len() as u64;
     tally.violations = report.violations.len() as u64;
     tally.states = report.states;
+    tally.outcomes = outcomes(&register_ops, &lock_ops);
     for (kind, _) in &report.notes {
         *tally.notes.entry(format!("{kind:?}")).or_default() += 1;
     }
