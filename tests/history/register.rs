@@ -17,9 +17,9 @@
 //!   two, readers see the new body at the old version.
 //! * An outcome nobody learnt (5xx, timeout, reset, lockstep killed) may
 //!   have moved the version once or twice (commit; hold plus take-over) and
-//!   may have changed the body (only if the backend received it), at any
-//!   point until `open_for` after the call began (the write lease bounds
-//!   how long an unknown write can still act), or not at all.
+//!   may have changed the body (only if the backend received it), or not
+//!   at all, at any point until the lease ran out: `settle` after lockstep
+//!   answered, or `open_for` after the call began when no answer came.
 //!
 //! The search is Wing & Gong's, with Lowe's memoisation of
 //! (linearized set, model state), per item (linearizability is local).
@@ -267,7 +267,7 @@ enum Action {
 struct Step {
     start: u64,
     /// End of the window the step may take effect in: the answer for a
-    /// completed call, the call's start plus `open_for` for an open one.
+    /// required step, the end of the open outcome's window for an open one.
     end: u64,
     /// A completed observation or an acknowledged write must be placed; an
     /// open outcome may be left out.
@@ -311,7 +311,9 @@ impl Model {
         // Steps with `after` pointing into this vector; sorted below.
         let mut steps: Vec<Step> = Vec::new();
         for (origin, op) in ops.iter().enumerate() {
-            // Until when an open outcome of this call may still act.
+            // Until when an open outcome of this call may still act: once
+            // lockstep answered, only the lease running out and the backend
+            // finishing remain, both within `settle` of the answer.
             let open_until = match &op.kind {
                 RegisterKind::Write {
                     result: WriteResult::Refused { .. },
@@ -322,10 +324,7 @@ impl Model {
                         WriteResult::Unknown { answered: true, .. }
                         | WriteResult::Applied { new_version: None },
                     ..
-                } => op
-                    .end
-                    .saturating_add(settle)
-                    .min(op.start.saturating_add(open_for)),
+                } => op.end.saturating_add(settle),
                 _ => op.start.saturating_add(open_for),
             };
             let at = |action, required: bool, after: [Option<usize>; 2]| Step {
