@@ -70,6 +70,7 @@ fn received(writes: &[(&str, u64)]) -> Vec<JournalWrite> {
             item: "/counters/x".into(),
             op: (*op).into(),
             based_on: *based_on,
+            refused: false,
         })
         .collect()
 }
@@ -210,6 +211,23 @@ fn a_write_the_backend_refused_changes_nothing() {
         write(1, (8, 9), "b", 1, applied(2)),
     ];
     assert_clean(&check(&ops, &received(&[("a", 1), ("b", 1)])));
+}
+
+#[test]
+fn a_write_the_backend_refused_unbeknown_to_its_client_frees_its_base() {
+    // lockstep was killed after the backend's 422 and its abort, before
+    // answering: the client saw no answer, the next writer took the base.
+    let ops = [
+        write(0, (0, 5), "a", 1, unknown()),
+        write(1, (8, 9), "b", 1, applied(2)),
+        read(1, (10, 11), Some(2), "b"),
+    ];
+    let mut journal = received(&[("a", 1), ("b", 1)]);
+    journal[0].refused = true;
+    assert_clean(&check(&ops, &journal));
+    // Had the backend not refused it, two writes went out on one base.
+    let report = check(&ops, &received(&[("a", 1), ("b", 1)]));
+    assert_only(&report, &[ViolationKind::SameBaseForwardedTwice]);
 }
 
 #[test]
@@ -358,6 +376,7 @@ fn a_long_correct_history_with_overlap_and_unknown_outcomes_is_accepted() {
                     item: "/counters/x".into(),
                     op: op.clone(),
                     based_on,
+                    refused: false,
                 });
                 if rng.percent(50) {
                     value = op.clone();
@@ -369,6 +388,7 @@ fn a_long_correct_history_with_overlap_and_unknown_outcomes_is_accepted() {
                     item: "/counters/x".into(),
                     op: op.clone(),
                     based_on,
+                    refused: false,
                 });
                 version += 1;
                 value = op.clone();

@@ -421,10 +421,16 @@ async fn journal(backend: &Backend) -> Vec<JournalWrite> {
         .filter(|e| e["method"] == "PATCH")
         .filter_map(|e| {
             let body: Value = serde_json::from_str(e["body"].as_str()?).ok()?;
+            // The backend's answer follows from the control headers: a
+            // forced 4xx applies nothing.
+            let refused = e["headers"]["x-backend-status"][0]
+                .as_str()
+                .is_some_and(|status| status.starts_with('4'));
             Some(JournalWrite {
                 item: e["path"].as_str()?.to_string(),
                 op: body["op"].as_str()?.to_string(),
                 based_on: body["based_on"].as_u64()?,
+                refused,
             })
         })
         .collect()

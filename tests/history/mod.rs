@@ -81,6 +81,10 @@ pub struct JournalWrite {
     pub item: String,
     pub op: String,
     pub based_on: u64,
+    /// The backend refused it (a 4xx, applying nothing), whether or not
+    /// the client learnt so: lockstep then released the base version for
+    /// the next writer.
+    pub refused: bool,
 }
 
 /// One lock call, as a client saw it.
@@ -141,8 +145,8 @@ pub struct Violation {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ViolationKind {
-    /// Two writes reached the backend based on the same version (a write
-    /// the backend refused aside: its base is free again).
+    /// Two writes reached the backend based on the same version (writes
+    /// the backend refused aside: their base is free again).
     SameBaseForwardedTwice,
     /// One write reached the backend more than once.
     DuplicateDelivery,

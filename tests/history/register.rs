@@ -83,10 +83,11 @@ fn check_item(
 ) -> Report {
     let mut report = Report::default();
 
-    // What the backend received. A write the backend refused (its 4xx)
-    // changed nothing, so the next writer rightly comes with the same base:
-    // only the others must have a base of their own.
-    let refused: HashSet<&str> = ops
+    // What the backend received. A write the backend refused (its 4xx,
+    // whether or not the client heard it) changed nothing, so the next
+    // writer rightly comes with the same base: only the others must have a
+    // base of their own.
+    let client_refused: HashSet<&str> = ops
         .iter()
         .filter_map(|op| match &op.kind {
             RegisterKind::Write {
@@ -99,9 +100,12 @@ fn check_item(
         .collect();
     let mut by_base: HashMap<u64, Vec<&str>> = HashMap::new();
     let mut deliveries: HashMap<&str, usize> = HashMap::new();
+    // Writes the backend received and may have applied.
+    let mut applicable: HashSet<&str> = HashSet::new();
     for j in journal {
-        if !refused.contains(j.op.as_str()) {
+        if !j.refused && !client_refused.contains(j.op.as_str()) {
             by_base.entry(j.based_on).or_default().push(&j.op);
+            applicable.insert(&j.op);
         }
         *deliveries.entry(&j.op).or_default() += 1;
     }
@@ -183,7 +187,7 @@ fn check_item(
     }
 
     // Linearizability.
-    let model = Model::build(ops, &deliveries, &known_values, limits);
+    let model = Model::build(ops, &applicable, &known_values, limits);
     let outcome = model.search(limits.max_states);
     report.states += outcome.states;
     match outcome.verdict {
@@ -297,7 +301,7 @@ struct Outcome {
 impl Model {
     fn build(
         ops: &[&RegisterOp],
-        deliveries: &HashMap<&str, usize>,
+        applicable: &HashSet<&str>,
         known_values: &HashSet<&str>,
         limits: &Limits,
     ) -> Model {
@@ -355,7 +359,7 @@ impl Model {
                     result,
                 } => {
                     let value = intern(id);
-                    let received = deliveries.contains_key(id.as_str());
+                    let received = applicable.contains(id.as_str());
                     let b = *based_on;
                     match result {
                         WriteResult::Applied {
