@@ -510,6 +510,25 @@ fn a_release_ends_the_hold_no_earlier_than_it_was_sent() {
 }
 
 #[test]
+fn a_statement_may_begin_before_the_release_it_waited_for() {
+    // b's acquire began (its now(), hence acquired_at) at 250, before a's
+    // release was sent at 300, and was granted once that release went
+    // through: no overlap.
+    let ops = [
+        lock(0, "a", (100, 102), LockKind::Acquire(granted(1, 101, 1101))),
+        lock(1, "b", (240, 320), LockKind::Acquire(granted(2, 250, 1250))),
+        lock(
+            0,
+            "a",
+            (300, 310),
+            LockKind::Release(ReleaseResult::Released),
+        ),
+    ];
+    let report = locks::check(&ops, 2);
+    assert!(report.is_clean(), "{report}");
+}
+
+#[test]
 fn a_fencing_token_going_back_is_rejected() {
     let ops = [
         lock(0, "a", (100, 102), LockKind::Acquire(granted(5, 101, 201))),

@@ -2,16 +2,25 @@
 //! forward.
 //!
 //! A hold is known by its owner and `acquired_at` (a refresh by the same
-//! owner keeps both). It starts at `acquired_at` and ends, at the earliest,
-//! at the `expires_at` of its last grant (a refresh may shorten it) or when
-//! a release, or a refresh whose answer never came, was sent, whichever
-//! comes first: the database's clock on both sides, since the
-//! database runs on this machine and its timestamps are wall-clock
-//! milliseconds. Using the earliest possible end means an overlap found is
-//! one that really happened (up to `slack_ms` of clock rounding).
+//! owner keeps both). Two clocks are in play, and an overlap is reported
+//! only where it is certain on both:
 //!
-//! Owners are used by one client at a time, one call after another, so a
-//! release that follows a grant releases that hold or a later one.
+//! * The database's. `acquired_at` is the `now()` of the statement that
+//!   took the lock, and that statement takes over only a row whose
+//!   `expires_at` is not after its `now()`. So a hold that was never
+//!   released ran, on this clock, until the `expires_at` of its last grant
+//!   (a refresh may shorten it), and a later holder's `acquired_at` must
+//!   not fall before it.
+//! * The wall clock of this machine (the database runs here too). A release
+//!   ends a hold at some moment after it was sent, and PostgreSQL's `now()`
+//!   is when a statement *began*, which may be before a release it waited
+//!   for: so against a released hold, the later holder must have had its
+//!   grant answered before the release (or a refresh whose answer never
+//!   came, which may have shortened the hold) was even sent.
+//!
+//! `slack_ms` absorbs the rounding of millisecond timestamps. Owners are
+//! used by one client at a time, one call after another, so a release that
+//! follows a grant releases that hold or a later one.
 
 use std::collections::BTreeMap;
 
@@ -26,8 +35,13 @@ struct Hold {
     expires_at: i64,
     /// When the last answer granting this hold arrived (monotonic).
     last_grant_end: u64,
-    /// Earliest possible end (wall ms).
-    end: i64,
+    /// When the first answer granting it arrived (wall ms): it was held by
+    /// then.
+    first_grant_wall: i64,
+    /// When a release (or a refresh whose answer never came) was first sent
+    /// after the last grant (wall ms): the earliest it may have ended other
+    /// than by expiry.
+    cut_wall: Option<i64>,
 }
 
 /// Checks every resource in `ops`; `slack_ms` absorbs the rounding of the
@@ -65,8 +79,10 @@ fn check_resource(resource: &str, ops: &[&LockOp], slack_ms: i64, report: &mut R
             acquired_at: g.acquired_at_ms,
             expires_at: g.expires_at_ms,
             last_grant_end: op.end,
-            end: g.expires_at_ms,
+            first_grant_wall: op.end_wall_ms,
+            cut_wall: None,
         });
+        hold.first_grant_wall = hold.first_grant_wall.min(op.end_wall_ms);
         if hold.token != g.token {
             report.violation(
                 ViolationKind::FencingToken,
@@ -101,20 +117,32 @@ fn check_resource(resource: &str, ops: &[&LockOp], slack_ms: i64, report: &mut R
             })
             .map(|op| op.start_wall_ms)
             .min();
-        hold.end = cut.map_or(hold.expires_at, |r| r.min(hold.expires_at));
+        hold.cut_wall = cut;
     }
 
     let mut holds: Vec<Hold> = holds.into_values().collect();
     holds.sort_by_key(|h| (h.acquired_at, h.token));
     for (i, later) in holds.iter().enumerate() {
         for earlier in &holds[..i] {
-            if later.acquired_at + slack_ms < earlier.end {
+            let before_expiry = later.acquired_at + slack_ms < earlier.expires_at;
+            let before_release = earlier
+                .cut_wall
+                .is_none_or(|cut| later.first_grant_wall + slack_ms < cut);
+            if before_expiry && before_release {
                 report.violation(
                     ViolationKind::OverlappingHolds,
                     format!(
-                        "{resource}: {} acquired at {} (token {}) while {} held it from {} until at least {} (token {})",
-                        later.owner, later.acquired_at, later.token,
-                        earlier.owner, earlier.acquired_at, earlier.end, earlier.token
+                        "{resource}: {} acquired at {} (token {}, granted by {}) while {} held it \
+                         from {} (token {}) until {} or a release sent at {:?}",
+                        later.owner,
+                        later.acquired_at,
+                        later.token,
+                        later.first_grant_wall,
+                        earlier.owner,
+                        earlier.acquired_at,
+                        earlier.token,
+                        earlier.expires_at,
+                        earlier.cut_wall
                     ),
                 );
             }
