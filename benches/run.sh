@@ -628,8 +628,8 @@ mkdir -p "$(dirname "$OUT")"
     echo "Both answer 304 with \`ETag: \"1\"\`. Without \`exclusive_writes\` lockstep asks the backend first" \
         "(it must learn whether the item still exists); with it, the version table answers alone."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|"
+    echo "| # | row | request | req/s | p99 latency | CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
     http_line 4c "lockstep conditional GET → backend" "GET /articles/1" conditional
     http_line 4d "lockstep conditional GET, exclusive_writes (no backend)" "GET /cached/1" conditional_table
     echo
@@ -662,6 +662,8 @@ mkdir -p "$(dirname "$OUT")"
         "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4e lockstep), per request."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
         "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
+    echo "- The allocator keeps memory it once used, so a row's peak RSS starts from what earlier rows left" \
+        "resident (rows after the 1 MiB rows, and every row of rounds 2 and later, start from that level)."
     echo "- Lock calls through lockstep that did not answer 200 / 204: ${FAILS[locks]} (statuses: $L_STATUSES);" \
         "socket errors: ${SOCKERR[locks]}. SQLite direct: ${FAILS[sqlite]} acquires or releases that returned no row or failed."
     echo "- lockstep's database after the runs: journal_mode=$DB_MODE, $DB_VERSIONS rows in \`versions\`" \
