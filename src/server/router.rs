@@ -150,16 +150,7 @@ impl ProxyRouter {
         let method = req.method().clone();
         let uri = req.uri().clone();
         let (resp, outcome) = self.upstream.upgrade(req, inbound).await;
-        tracing::info!(
-            target: "lockstep::request",
-            kind = "passthrough",
-            method = %method,
-            path = uri.path(),
-            status = resp.status().as_u16(),
-            outcome,
-            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "passthrough request"
-        );
+        log_passthrough(&method, uri.path(), &resp, outcome, started);
         resp
     }
 
@@ -176,18 +167,30 @@ impl ProxyRouter {
         let method = req.method().clone();
         let uri = req.uri().clone();
         let (resp, outcome) = self.upstream.passthrough(req, inbound).await;
-        tracing::info!(
-            target: "lockstep::request",
-            kind = "passthrough",
-            method = %method,
-            path = uri.path(),
-            status = resp.status().as_u16(),
-            outcome,
-            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "passthrough request"
-        );
+        log_passthrough(&method, uri.path(), &resp, outcome, started);
         resp
     }
+}
+
+/// The access line of a request that went straight to the backend (a
+/// WebSocket handshake is one too).
+fn log_passthrough(
+    method: &http::Method,
+    path: &str,
+    resp: &Response<Body>,
+    outcome: &str,
+    started: Instant,
+) {
+    tracing::info!(
+        target: "lockstep::request",
+        kind = "passthrough",
+        method = %method,
+        path,
+        status = resp.status().as_u16(),
+        outcome,
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "passthrough request"
+    );
 }
 
 /// A request lockstep answers itself with a problem: a CONNECT, or a path
