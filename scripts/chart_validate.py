@@ -14,8 +14,10 @@ Every document must pass one schema, or the run fails:
 
 Then a few rules of the chart that no schema states (--policy): the
 lockstep container's hardening and probes, a grace period longer than
-lockstep's preStop pause plus its drain timeout, and a Service that never
-exposes the backend's port.
+lockstep's preStop pause plus its drain timeout, a Service that never
+exposes the backend's port, and a Grafana dashboard in a ConfigMap that
+still parses as a dashboard once rendered (tests/dashboard.rs checks the
+file itself, and its metric names against the binary).
 
 usage: chart_validate.py --kube 1.33.0 [--policy] FILE...
 """
@@ -131,6 +133,20 @@ def policy(docs):
         annotations = doc["spec"]["template"]["metadata"].get("annotations", {})
         if not any(k.startswith("checksum/") for k in annotations):
             problems.append(f"{name}: no checksum/ annotation to roll the Pods on a config change")
+    for doc in docs:
+        if doc.get("kind") != "ConfigMap":
+            continue
+        for key, text in doc.get("data", {}).items():
+            if not key.endswith(".json"):
+                continue
+            where = f"ConfigMap/{doc['metadata']['name']} {key}"
+            try:
+                dashboard = json.loads(text)
+            except json.JSONDecodeError as e:
+                problems.append(f"{where}: not JSON: {e}")
+                continue
+            if not dashboard.get("uid") or not dashboard.get("panels"):
+                problems.append(f"{where}: not a Grafana dashboard (no uid or no panels)")
     for doc in docs:
         if doc.get("kind") != "Service":
             continue

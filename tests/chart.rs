@@ -1,8 +1,10 @@
 //! The Helm chart (`charts/lockstep`) and the binary cannot drift apart:
 //! every lockstep.toml the chart renders passes `lockstep check-config`,
 //! the SQLite ones start a real lockstep that versions a read, the values
-//! the chart refuses are refused with its own message, and the chart's
-//! values know exactly the keys of `config/lockstep.toml`.
+//! the chart refuses are refused with its own message, the chart's
+//! values know exactly the keys of `config/lockstep.toml`, and the Grafana
+//! dashboard renders only when asked for, with the sidecar's label (its
+//! queries are checked against the binary in tests/dashboard.rs).
 //!
 //! helm comes from `LOCKSTEP_HELM` (scripts/test sets it), else
 //! `.tools/bin/helm` (scripts/chart-tools puts it there). Without either the
@@ -635,4 +637,107 @@ fn chart_values_know_every_config_key_with_its_default() {
             "{key}: the chart's default {ours} differs from config/lockstep.toml's {theirs}"
         );
     }
+}
+
+/// The ConfigMaps holding a Grafana dashboard (`lockstep.json`).
+fn dashboards(docs: &[Value]) -> Vec<&Value> {
+    of_kind(docs, "ConfigMap")
+        .into_iter()
+        .filter(|d| d["data"].get("lockstep.json").is_some())
+        .collect()
+}
+
+#[test]
+fn the_grafana_dashboard_renders_only_when_enabled_with_the_sidecars_label() {
+    let Some(helm) = helm() else { return };
+    let docs = rendered(&helm, None, &[]);
+    assert!(dashboards(&docs).is_empty(), "rendered by default");
+    assert!(
+        !serde_json::to_string(&docs)
+            .unwrap()
+            .contains("grafana_dashboard"),
+        "the sidecar's label on something by default"
+    );
+
+    let docs = rendered(&helm, None, &["--set", "dashboard.enabled=true"]);
+    let found = dashboards(&docs);
+    assert_eq!(found.len(), 1, "{docs:?}");
+    let map = found[0];
+    assert_eq!(map["metadata"]["name"], "lockstep-dashboard");
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(
+        map["metadata"]["labels"]["app.kubernetes.io/name"],
+        "lockstep"
+    );
+    assert!(map["metadata"].get("annotations").is_none(), "{map}");
+    assert!(map["metadata"].get("namespace").is_none(), "{map}");
+    // The chart's file as it is: no template touched it.
+    let shipped: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart().join("dashboards/lockstep.json")).unwrap(),
+    )
+    .unwrap();
+    let rendered_json: Value =
+        serde_json::from_str(map["data"]["lockstep.json"].as_str().unwrap()).unwrap();
+    assert_eq!(rendered_json, shipped);
+
+    // The sidecar's label, folder annotation and namespace are the user's.
+    let docs = rendered(
+        &helm,
+        None,
+        &[
+            "--set",
+            "dashboard.enabled=true",
+            "--set",
+            "dashboard.label=example.com/dashboard",
+            "--set-string",
+            "dashboard.labelValue=yes",
+            "--set",
+            "dashboard.folder=Shop services",
+            "--set",
+            "dashboard.folderAnnotation=k8s-sidecar-target-directory",
+            "--set",
+            "dashboard.namespace=monitoring",
+            "--set",
+            "dashboard.labels.team=orders",
+            "--set",
+            "dashboard.annotations.owner=platform",
+        ],
+    );
+    let map = dashboards(&docs)[0];
+    let meta = &map["metadata"];
+    assert_eq!(meta["namespace"], "monitoring");
+    assert_eq!(meta["labels"]["example.com/dashboard"], "yes");
+    assert!(meta["labels"].get("grafana_dashboard").is_none(), "{meta}");
+    assert_eq!(meta["labels"]["team"], "orders");
+    assert_eq!(
+        meta["annotations"],
+        json!({"k8s-sidecar-target-directory": "Shop services", "owner": "platform"})
+    );
+
+    // With sidecarOnly too: the metrics are the same whoever owns the Pod.
+    let docs = rendered(
+        &helm,
+        Some(&chart().join("ci/sidecar-only.yaml")),
+        &["--set", "dashboard.enabled=true"],
+    );
+    assert_eq!(dashboards(&docs).len(), 1, "{docs:?}");
+    assert!(lockstep_toml(&docs).is_some());
+
+    // A label key Kubernetes would refuse is refused at render time.
+    let output = render(
+        &helm,
+        None,
+        &[
+            "--set",
+            "dashboard.enabled=true",
+            "--set",
+            "dashboard.label=not a key",
+        ],
+    );
+    assert!(!output.status.success(), "an invalid label key rendered");
+    assert!(
+        stderr(&output).contains("/dashboard/label"),
+        "{}",
+        stderr(&output)
+    );
 }

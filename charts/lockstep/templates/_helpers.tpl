@@ -40,6 +40,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-config" (include "lockstep.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "lockstep.dashboardName" -}}
+{{- printf "%s-dashboard" (include "lockstep.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "lockstep.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "lockstep.fullname" .) .Values.serviceAccount.name }}
