@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks lockstep against its peers in one run, on 127.0.0.1 only, and
-# prints a Markdown report (also written to benches/results/latest.md).
+# prints a Markdown report (also written to benches/results/latest.md), with
+# a chart of its ratio rows beside it (latest-ratios.svg, drawn by plot.sh).
 #
 #   benches/run.sh
 #
@@ -30,10 +31,11 @@
 #   BENCH_SKIP_BUILD=1      use the existing target/release/lockstep
 #   BENCH_SKIP_INSTALL=1    never call apt-get
 #   BENCH_KEEP_TMP=1        keep the temp dir (configs, logs, raw wrk output)
-#   BENCH_OUT=FILE          where to write the report (default benches/results/latest.md)
+#   BENCH_OUT=FILE          where to write the report (default benches/results/latest.md);
+#                           the chart goes next to it, FILE less .md plus -ratios.svg
 #
-# Needs: nginx, wrk, redis-server + redis-benchmark, sqlite3, curl, python3
-# (installed from Debian when missing), cargo. Not PostgreSQL.
+# Needs: nginx, wrk, redis-server + redis-benchmark, sqlite3, curl, python3,
+# gnuplot (installed from Debian when missing), cargo. Not PostgreSQL.
 
 set -euo pipefail
 
@@ -51,6 +53,7 @@ WARMUP=${BENCH_WARMUP:-2}
 LOCK_CLIENTS=${BENCH_LOCK_CLIENTS:-32}
 ROUNDS=${BENCH_ROUNDS:-1}
 OUT=${BENCH_OUT:-$HERE/results/latest.md}
+CHART=${OUT%.md}-ratios.svg # the report links it by its name: keep the two together
 export LOCK_TTL_MS=30000 # lock_pairs.lua reads it too
 
 for v in DURATION CONNECTIONS THREADS WARMUP LOCK_CLIENTS ROUNDS; do
@@ -73,6 +76,7 @@ install_missing() {
     command -v sqlite3 >/dev/null || pkgs+=(sqlite3)
     command -v curl >/dev/null || pkgs+=(curl)
     command -v python3 >/dev/null || pkgs+=(python3)
+    command -v gnuplot >/dev/null || pkgs+=(gnuplot-nox)
     install_pkgs ${pkgs[@]+"${pkgs[@]}"}
 }
 
@@ -575,6 +579,11 @@ mkdir -p "$(dirname "$OUT")"
         "(load generator included); other work kept the CPUs ${BUSY_START}% busy before the runs and" \
         "${BUSY_END}% after. nginx $nginx_v, Redis $redis_v, wrk $(wrk -v 2>&1 | awk 'NR==1 {print $2}'); $rounds_text."
     echo
+    echo "![ratios]($(basename "$CHART"))"
+    echo
+    echo "Every ratio of the tables below as a bar, its target drawn across it: green meets the target," \
+        "red misses it, grey has none (drawn by \`benches/plot.sh\` from this report)."
+    echo
     echo "## HTTP: GET through each hop"
     echo
     echo "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency, after a ${WARMUP} s warm-up at the same load."
@@ -680,6 +689,7 @@ mkdir -p "$(dirname "$OUT")"
         "numbers are lower than on separate machines; compare rows and ratios within one run."
     for n in ${NOTES[@]+"${NOTES[@]}"}; do echo "- $n"; done
 } >"$OUT"
+"$HERE/plot.sh" "$OUT" "$CHART" >/dev/null || die "plot.sh could not draw $CHART from $OUT"
 
 cat "$OUT"
-log "report written to $OUT"
+log "report written to $OUT, its chart to $CHART"
