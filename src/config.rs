@@ -33,7 +33,7 @@ pub struct Config {
     pub resources: Vec<ResourceConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub listen: String,
@@ -83,7 +83,7 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     pub url: String,
@@ -116,7 +116,7 @@ impl Default for UpstreamConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     pub url: String,
@@ -138,7 +138,7 @@ impl Default for DatabaseConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VersioningConfig {
     pub body_field: String,
@@ -160,7 +160,7 @@ impl Default for VersioningConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocksConfig {
     pub default_ttl_ms: Option<u64>,
@@ -202,7 +202,7 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     pub format: LogFormat,
@@ -670,6 +670,36 @@ mod tests {
         assert_eq!(c.config.versioning.write_lease_ms, 20_000);
         assert_eq!(c.config.database.url, "sqlite://lockstep.db");
         assert_eq!(c.config.locks.default_ttl_ms, None);
+    }
+
+    /// config/lockstep.toml says it shows every key with its built-in
+    /// default; this holds it to that, but for the one key it sets on
+    /// purpose and the example resource.
+    #[test]
+    fn the_shipped_file_shows_the_built_in_defaults() {
+        let shipped: Config = toml::from_str(include_str!("../config/lockstep.toml")).unwrap();
+        let built_in = Config::default();
+        assert_eq!(shipped.server, built_in.server);
+        assert_eq!(shipped.upstream, built_in.upstream);
+        assert_eq!(shipped.database, built_in.database);
+        assert_eq!(shipped.versioning, built_in.versioning);
+        assert_eq!(shipped.log, built_in.log);
+        assert_eq!(built_in.locks.default_ttl_ms, None);
+        assert_eq!(shipped.locks.default_ttl_ms, Some(30_000));
+        let locks = LocksConfig {
+            default_ttl_ms: None,
+            ..shipped.locks.clone()
+        };
+        assert_eq!(locks, built_in.locks);
+        // The example resource shows its optional keys at their defaults.
+        assert!(built_in.resources.is_empty());
+        let [example] = shipped.resources.as_slice() else {
+            panic!("one example resource: {:?}", shipped.resources);
+        };
+        assert!(!example.case_insensitive_ids);
+        assert!(!example.require_lock && example.lock.is_none());
+        assert!(!example.detect_drift && example.drift_ignore.is_empty());
+        assert!(!example.exclusive_writes);
     }
 
     #[test]
