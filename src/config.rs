@@ -33,7 +33,7 @@ pub struct Config {
     pub resources: Vec<ResourceConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub listen: String,
@@ -83,7 +83,7 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     pub url: String,
@@ -116,7 +116,7 @@ impl Default for UpstreamConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     pub url: String,
@@ -138,7 +138,7 @@ impl Default for DatabaseConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VersioningConfig {
     pub body_field: String,
@@ -160,7 +160,7 @@ impl Default for VersioningConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocksConfig {
     pub default_ttl_ms: Option<u64>,
@@ -202,7 +202,7 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     pub format: LogFormat,
@@ -277,25 +277,38 @@ impl Config {
     }
 
     /// Same as [`Config::load`] on text already in memory.
+    ///
+    /// The file and each environment variable are checked on their own
+    /// before they are merged, so a mistake is blamed on where it was made:
+    /// an unknown key in the file names the file and its line, a misspelt
+    /// `LOCKSTEP_*` variable names the variable (and never a file that may
+    /// not even exist).
     pub fn from_toml_str(
         text: &str,
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
         flags: &FlagOverrides,
     ) -> Result<Validated, ConfigError> {
-        let mut table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                })?;
+        let file_error = |e: toml::de::Error| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: located(text, &e),
+        };
+        // Deserialized from the text (not from a parsed table) so that the
+        // error carries the span of the offending key.
+        toml::from_str::<Config>(text).map_err(file_error)?;
+        let mut table: toml::Table = toml::from_str(text).map_err(file_error)?;
         apply_env(&mut table, env)?;
+        // Both layers passed alone; a merge of them could only fail on a
+        // combination, which is not one place's fault.
         let mut config: Config =
             toml::Value::Table(table)
                 .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message: e.to_string().trim().to_string(),
+                .map_err(|e: toml::de::Error| {
+                    ConfigError::Invalid(format!(
+                        "the file {} with the LOCKSTEP_* variables: {}",
+                        path.display(),
+                        e.message().trim()
+                    ))
                 })?;
         if let Some(v) = &flags.listen {
             config.server.listen.clone_from(v);
@@ -589,9 +602,36 @@ fn apply_env(
                 message: format!("[{section}] is not a table"),
             });
         };
+        // The variable alone against the schema: an unknown section or key,
+        // or a value of the wrong type, is this variable's fault.
+        let alone = toml::Table::from_iter([(
+            section.clone(),
+            toml::Value::Table(toml::Table::from_iter([(key.clone(), value.clone())])),
+        )]);
+        if let Err(e) = toml::Value::Table(alone).try_into::<Config>() {
+            return Err(ConfigError::Env {
+                name,
+                message: e.message().trim().to_string(),
+            });
+        }
         section_table.insert(key, value);
     }
     Ok(())
+}
+
+/// `line L, column C (`the line`): message` for an error in `text`, so the
+/// key is named even when the complaint is about its value.
+fn located(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim();
+    let Some(start) = e.span().map(|s| s.start) else {
+        return message.to_string();
+    };
+    let before = text.get(..start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let source = text[line_start..].lines().next().unwrap_or("").trim();
+    format!("line {line}, column {column} (`{source}`): {message}")
 }
 
 fn parse_env_value(raw: &str) -> toml::Value {
@@ -630,6 +670,36 @@ mod tests {
         assert_eq!(c.config.versioning.write_lease_ms, 20_000);
         assert_eq!(c.config.database.url, "sqlite://lockstep.db");
         assert_eq!(c.config.locks.default_ttl_ms, None);
+    }
+
+    /// config/lockstep.toml says it shows every key with its built-in
+    /// default; this holds it to that, but for the one key it sets on
+    /// purpose and the example resource.
+    #[test]
+    fn the_shipped_file_shows_the_built_in_defaults() {
+        let shipped: Config = toml::from_str(include_str!("../config/lockstep.toml")).unwrap();
+        let built_in = Config::default();
+        assert_eq!(shipped.server, built_in.server);
+        assert_eq!(shipped.upstream, built_in.upstream);
+        assert_eq!(shipped.database, built_in.database);
+        assert_eq!(shipped.versioning, built_in.versioning);
+        assert_eq!(shipped.log, built_in.log);
+        assert_eq!(built_in.locks.default_ttl_ms, None);
+        assert_eq!(shipped.locks.default_ttl_ms, Some(30_000));
+        let locks = LocksConfig {
+            default_ttl_ms: None,
+            ..shipped.locks.clone()
+        };
+        assert_eq!(locks, built_in.locks);
+        // The example resource shows its optional keys at their defaults.
+        assert!(built_in.resources.is_empty());
+        let [example] = shipped.resources.as_slice() else {
+            panic!("one example resource: {:?}", shipped.resources);
+        };
+        assert!(!example.case_insensitive_ids);
+        assert!(!example.require_lock && example.lock.is_none());
+        assert!(!example.detect_drift && example.drift_ignore.is_empty());
+        assert!(!example.exclusive_writes);
     }
 
     #[test]
@@ -678,6 +748,43 @@ mod tests {
     fn unknown_env_key_is_an_error() {
         let e = load("", &[("LOCKSTEP_SERVER__LISTN", "x")]).unwrap_err();
         assert!(e.to_string().contains("listn"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_environment_variable_is_blamed_on_the_variable_not_the_file() {
+        for (name, value, needle) in [
+            ("LOCKSTEP_UPSTREAM__ULR", "http://x", "`ulr`"),
+            ("LOCKSTEP_UPSTRAEM__URL", "http://x", "`upstraem`"),
+            ("LOCKSTEP_SERVER__MAX_BODY_BYTES", "lots", "lots"),
+        ] {
+            let e = load("[server]\nlisten = \"127.0.0.1:1\"\n", &[(name, value)]).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(&e, ConfigError::Env { name: n, .. } if n == name),
+                "{text}"
+            );
+            assert!(text.contains(name) && text.contains(needle), "{text}");
+            assert!(!text.contains("test.toml"), "{text}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_names_the_file_and_line() {
+        let e = load("[server]\nlisten = \"127.0.0.1:1\"\nlistn = 1\n", &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("test.toml"), "{text}");
+        assert!(text.contains("line 3, column 1"), "{text}");
+        assert!(text.contains("`listn`"), "{text}");
+        // Even when a good variable for the same section is set.
+        let e = load(
+            "[upstream]\nulr = 1\n",
+            &[("LOCKSTEP_UPSTREAM__URL", "http://x")],
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("test.toml") && e.to_string().contains("line 2"),
+            "{e}"
+        );
     }
 
     #[test]

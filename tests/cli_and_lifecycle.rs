@@ -201,6 +201,74 @@ fn an_unknown_environment_key_is_an_error() {
     );
 }
 
+/// Runs `lockstep ARGS` in an empty directory (so the default
+/// `config/lockstep.toml` does not exist) with only `env` as `LOCKSTEP_*`.
+fn run_in_empty_dir(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(common::lockstep_bin());
+    cmd.args(args)
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("LOCKSTEP_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+#[test]
+fn a_misspelt_environment_variable_is_named_and_no_file_is_blamed() {
+    for (name, value) in [
+        ("LOCKSTEP_UPSTREAM__ULR", "http://127.0.0.1:1"),
+        ("LOCKSTEP_UPSTRAEM__URL", "http://127.0.0.1:1"),
+        ("LOCKSTEP_SERVER__MAX_BODY_BYTES", "lots"),
+    ] {
+        for command in [
+            &["check-config"][..],
+            &["serve", "--database", "sqlite::memory:"],
+        ] {
+            let output = run_in_empty_dir(command, &[(name, value)]);
+            let message = stderr(&output);
+            assert_eq!(
+                output.status.code(),
+                Some(EXIT_CONFIG),
+                "{command:?} with {name}: {message}"
+            );
+            assert!(message.contains(name), "{command:?} with {name}: {message}");
+            assert!(
+                !message.contains("config file") && !message.contains("lockstep.toml"),
+                "{command:?} with {name} blamed a file that was not read: {message}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unknown_key_in_the_file_names_the_file_and_line_even_beside_good_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lockstep.toml");
+    std::fs::write(
+        &path,
+        "[upstream]\nurl = \"http://127.0.0.1:1\"\nulr = \"x\"\n",
+    )
+    .unwrap();
+    let output = run_in_empty_dir(
+        &["check-config", "--config", path.to_str().unwrap()],
+        &[("LOCKSTEP_UPSTREAM__URL", "http://127.0.0.1:2")],
+    );
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(EXIT_CONFIG), "{message}");
+    for needle in [path.to_str().unwrap(), "line 3", "`ulr`"] {
+        assert!(
+            message.contains(needle),
+            "should name {needle:?}: {message}"
+        );
+    }
+    assert!(!message.contains("LOCKSTEP_UPSTREAM__URL"), "{message}");
+}
+
 #[tokio::test]
 async fn flags_override_environment_variables() {
     let backend = Backend::start();

@@ -699,6 +699,17 @@ async fn unknown_body_members_are_400_naming_them(db: DbKind) {
         .send()
         .await;
     assert_eq!(r.status, 200, "{r:?}");
+    // A refused renew of a held lock leaves it as it was.
+    let before = get(&c, &url).await.json();
+    let r = c
+        .request(Method::PATCH, &url)
+        .json(&json!({"owner": "a", "ttl": 60000}))
+        .send()
+        .await;
+    check_problem(&r, 400, "invalid-body");
+    let after = get(&c, &url).await.json();
+    assert_eq!(after["expires_at"], before["expires_at"], "{after}");
+    assert_eq!(after["fencing_token"], before["fencing_token"], "{after}");
 }
 
 async fn bad_resource_is_400_and_stores_nothing(db: DbKind) {

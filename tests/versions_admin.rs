@@ -300,22 +300,25 @@ async fn bad_keys_and_bodies_are_400_and_change_nothing(kind: DbKind) {
         let r = c.get(ls.admin_url_for(path)).send().await;
         assert_eq!(r.status, 400, "{path}: {r:?}");
     }
-    for body in [
-        json!({"prefx": "articles/"}),
-        json!({"prefix": 7}),
-        json!({"prefix": "articles/", "also": 1}),
-        json!(["articles/"]),
-        json!({}),
+    for (body, named) in [
+        (json!({"prefx": "articles/"}), "\"prefx\""),
+        (json!({"prefix": 7}), "prefix"),
+        (json!({"prefix": "articles/", "also": 1}), "\"also\""),
+        (json!(["articles/"]), "prefix"),
+        (json!({}), "prefix"),
     ] {
         let r = c
             .post(ls.admin_url_for("/versions/bump"), body.clone())
             .send()
             .await;
         assert_eq!(r.status, 400, "{body}: {r:?}");
+        let problem = r.json();
         assert_eq!(
-            r.json()["type"].as_str().unwrap().rsplit('/').next(),
+            problem["type"].as_str().unwrap().rsplit('/').next(),
             Some("invalid-body")
         );
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(named), "{body}: {detail}");
     }
     let r = c
         .request(

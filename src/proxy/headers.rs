@@ -1,7 +1,7 @@
 //! Header rules for a forwarding proxy: hop-by-hop headers are removed in
 //! both directions (RFC 9110 §7.6.1: `Connection` and every header it names,
-//! plus `Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`,
-//! `Upgrade`), and the `X-Forwarded-*` headers tell the backend who really
+//! plus the seven of [`HOP_BY_HOP`]: `Connection`, `Proxy-Connection`,
+//! `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), and the `X-Forwarded-*` headers tell the backend who really
 //! called. The one exception is a WebSocket upgrade, which lockstep
 //! tunnels (`upgrade.rs`): there `Connection: upgrade` and `Upgrade:
 //! websocket` are set again on both legs after the strip.
