@@ -697,12 +697,19 @@ impl<'f> Scanner<'f> {
 // ------------------------------------------------------------------ edits
 
 /// Scans a document held in `chunks`, calling `on_member` for each
-/// top-level member.
+/// top-level member. A document in one piece takes the fast path
+/// ([`contiguous`]); one in several pieces goes through the resumable
+/// [`Scanner`], so it is never copied into one buffer.
 pub fn scan(
     chunks: &[Bytes],
     field: &str,
     mut on_member: impl FnMut(Member),
 ) -> Result<Summary, ScanError> {
+    match chunks {
+        [] => return contiguous::scan(&[], field.as_bytes(), &mut on_member),
+        [one] => return contiguous::scan(one, field.as_bytes(), &mut on_member),
+        _ => {}
+    }
     let mut scanner = Scanner::new(field);
     for chunk in chunks {
         scanner.feed(chunk, &mut on_member)?;
@@ -881,6 +888,7 @@ pub fn concat(pieces: &[Bytes]) -> Bytes {
 }
 
 pub mod consistency;
+mod contiguous;
 
 #[cfg(test)]
 mod tests;

@@ -10,12 +10,46 @@
 
 use bytes::Bytes;
 
-use super::{remove, scan, stamp};
+use super::{contiguous, remove, scan, stamp, Member, ScanError, Scanner, Summary};
+
+type Found = Result<(Summary, Vec<Member>), ScanError>;
+
+/// The resumable scanner's findings for `doc` fed in pieces of `step`.
+fn resumable(doc: &[u8], field: &str, step: usize) -> Found {
+    let mut members = Vec::new();
+    let mut scanner = Scanner::new(field);
+    for piece in doc.chunks(step.max(1)) {
+        scanner.feed(piece, &mut |m| members.push(m))?;
+    }
+    let summary = scanner.finish(&mut |m| members.push(m))?;
+    Ok((summary, members))
+}
+
+/// The fast scanner's findings for `doc` in one piece.
+fn fast(doc: &[u8], field: &str) -> Found {
+    let mut members = Vec::new();
+    let summary = contiguous::scan(doc, field.as_bytes(), &mut |m| members.push(m))?;
+    Ok((summary, members))
+}
+
+/// The two scanners accept the same documents and report the same members
+/// and summary (error offsets and reasons may differ).
+pub fn scanners_agree(doc: &[u8], field: &str, step: usize) -> Result<(), String> {
+    match (fast(doc, field), resumable(doc, field, step)) {
+        (Ok(a), Ok(b)) if a == b => Ok(()),
+        (Err(_), Err(_)) => Ok(()),
+        (a, b) => Err(format!(
+            "the fast scanner found {a:?}, the resumable one (pieces of {step}) {b:?}"
+        )),
+    }
+}
 
 /// Checks, for any input, that:
 ///
 /// * the document scans the same when cut into chunks anywhere (the first
 ///   byte of `data` picks the chunk size) as in one piece, and never panics;
+///   the fast scanner for one piece and the resumable one report exactly
+///   the same members;
 /// * the scanner accepts exactly what serde_json accepts (past one leading
 ///   byte order mark, which the scanner skips; inputs serde_json refuses only
 ///   for its own limits — nesting depth, numbers out of f64 range — are not
@@ -31,6 +65,8 @@ pub fn check(data: &[u8]) -> Result<(), String> {
     let whole = [Bytes::copy_from_slice(doc)];
     let valid = |pieces: &[Bytes]| scan(pieces, "version", |_| {}).is_ok();
 
+    scanners_agree(doc, "version", step)?;
+    scanners_agree(doc, "", doc.len().max(1))?;
     let whole_valid = valid(&whole);
     if valid(&chunks) != whole_valid {
         return Err(format!(

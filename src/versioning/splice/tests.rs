@@ -441,6 +441,21 @@ proptest! {
         }
     }
 
+    /// The fast scanner (one piece) and the resumable one (any pieces)
+    /// find the same members in generated documents, valid and mutated.
+    #[test]
+    fn both_scanners_find_the_same_members(doc in doc(), step in 1usize..64, at in any::<usize>(), byte in prop::sample::select(b"{}[]:,\"\\ 0-.eE+tfnu1x\x01\xff".to_vec())) {
+        let text = doc.text().into_bytes();
+        if let Err(why) = consistency::scanners_agree(&text, "version", step) {
+            prop_assert!(false, "{}", why);
+        }
+        let mut mutated = text.clone();
+        mutated.insert(at % (text.len() + 1), byte);
+        if let Err(why) = consistency::scanners_agree(&mutated, "version", step) {
+            prop_assert!(false, "{}", why);
+        }
+    }
+
     /// The fuzz target's harness: arbitrary bytes never panic, chunking
     /// changes nothing, and whatever is stamped or cut stays valid.
     #[test]
