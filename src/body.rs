@@ -58,7 +58,13 @@ pub async fn buffer_up_to(mut body: Body, limit: u64) -> Result<Buffered, BoxErr
             rest: body,
         });
     }
-    let mut buf = BytesMut::new();
+    // The announced length, when there is one, sized at once: no doubling.
+    let mut buf = BytesMut::with_capacity(
+        body.size_hint()
+            .exact()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0),
+    );
     while let Some(frame) = body.frame().await {
         let frame = frame?;
         if let Ok(data) = frame.into_data() {
@@ -74,7 +80,8 @@ pub async fn buffer_up_to(mut body: Body, limit: u64) -> Result<Buffered, BoxErr
     Ok(Buffered::Complete(buf.freeze()))
 }
 
-/// What [`collect_up_to`] found: the body in the pieces it arrived in.
+/// What [`collect_up_to`] found: the body in one piece, or in the pieces it
+/// arrived in.
 pub enum Collected {
     /// The whole body, within the limit.
     Complete(Vec<Bytes>),
@@ -87,15 +94,20 @@ pub enum Collected {
 /// does not cost a `Bytes` handle per byte.
 const BLOCK: usize = 16 * 1024;
 
-/// Like [`buffer_up_to`], but keeps the frames instead of copying them into
-/// one buffer: memory is the body plus less than one block, never a second
-/// copy or a doubling buffer.
+/// Like [`buffer_up_to`], but never a second copy or a doubling buffer:
+/// a body whose length was announced (`Content-Length`) is read into one
+/// buffer of exactly that size, so the JSON scanner can take its fast,
+/// contiguous path; any other body keeps the frames it arrived in, gathered
+/// into blocks, and memory is the body plus less than one block.
 pub async fn collect_up_to(mut body: Body, limit: u64) -> Result<Collected, BoxError> {
     if body.size_hint().lower() > limit {
         return Ok(Collected::TooLarge {
             prefix: Vec::new(),
             rest: body,
         });
+    }
+    if let Some(announced) = body.size_hint().exact().filter(|&n| n > 0) {
+        return collect_announced(body, announced, limit).await;
     }
     let mut pieces = Vec::new();
     let mut small = Small::default();
@@ -121,6 +133,51 @@ pub async fn collect_up_to(mut body: Body, limit: u64) -> Result<Collected, BoxE
     }
     small.flush_into(&mut pieces);
     Ok(Collected::Complete(pieces))
+}
+
+/// [`collect_up_to`] for a body of `announced` bytes (at most `limit`): one
+/// frame holding it all is kept as it is, several are copied into one
+/// buffer of that size.
+async fn collect_announced(
+    mut body: Body,
+    announced: u64,
+    limit: u64,
+) -> Result<Collected, BoxError> {
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        total += data.len() as u64;
+        if first.is_none() && buf.is_empty() {
+            first = Some(data);
+        } else {
+            if buf.is_empty() {
+                buf.reserve(usize::try_from(announced.max(total)).unwrap_or(usize::MAX));
+            }
+            if let Some(f) = first.take() {
+                buf.extend_from_slice(&f);
+            }
+            buf.extend_from_slice(&data);
+        }
+        if total > limit {
+            let prefix = first
+                .take()
+                .unwrap_or_else(|| std::mem::take(&mut buf).freeze());
+            return Ok(Collected::TooLarge {
+                prefix: vec![prefix],
+                rest: body,
+            });
+        }
+    }
+    let whole = first.unwrap_or_else(|| buf.freeze());
+    Ok(Collected::Complete(if whole.is_empty() {
+        Vec::new()
+    } else {
+        vec![whole]
+    }))
 }
 
 /// Small frames on their way into a block. A lone small frame (a small
@@ -296,10 +353,26 @@ mod tests {
             .chain([Bytes::from(vec![b'x'; BLOCK])])
             .collect();
         let want = frames.concat();
-        let body = pieces(frames);
-        match collect_up_to(body, 1 << 20).await.unwrap() {
+        // A length announced: one buffer.
+        match collect_up_to(pieces(frames.clone()), 1 << 20)
+            .await
+            .unwrap()
+        {
             Collected::Complete(pieces) => {
-                // Tiny frames are gathered into blocks, not kept one by one.
+                assert_eq!(pieces.len(), 1);
+                assert_eq!(pieces.concat(), want);
+            }
+            Collected::TooLarge { .. } => panic!("within the limit"),
+        }
+        // No length: tiny frames are gathered into blocks, not kept one by one.
+        let unannounced = http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames
+                .into_iter()
+                .map(|f| Ok::<_, BoxError>(Frame::data(f))),
+        ));
+        assert_eq!(unannounced.size_hint().exact(), None);
+        match collect_up_to(boxed(unannounced), 1 << 20).await.unwrap() {
+            Collected::Complete(pieces) => {
                 assert!(pieces.len() < 10, "{} pieces", pieces.len());
                 assert_eq!(pieces.concat(), want);
             }
