@@ -10,12 +10,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use lockstep::config::{Config, ConfigSource, FlagOverrides, Validated};
 
-/// mimalloc instead of the system allocator: a proxied request makes a few
-/// dozen small allocations (header maps, buffers, futures), and glibc's
-/// malloc/free showed as about a tenth of lockstep's user CPU per request.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Sidecar reverse proxy: optimistic concurrency and distributed locks for
 /// an unmodified REST API.
 #[derive(Debug, Parser)]
