@@ -6,6 +6,11 @@
 --     PATCH /items/<thread>   {"title":"bench"}   (no If-Match, no version) -> 200
 -- An unchecked write is claimed, forwarded and committed like any write.
 --
+-- With PATCH_IF_MATCH=1 each thread sends the ETag of its previous answer
+-- as If-Match (a checked write, as a careful client sends it; the first
+-- request of a thread has no tag yet and goes unchecked). A response without
+-- an ETag (a plain nginx proxy) leaves the request without If-Match.
+--
 -- done() prints one line that benches/postgres.sh parses:
 --     PATCHES ok=N bad=N statuses=409:3,503:1 seconds=S p99_ms=X
 
@@ -19,17 +24,27 @@ function setup(thread)
 end
 
 function init()
-   patch_req = wrk.format("PATCH", "/items/" .. id,
+   path = "/items/" .. id
+   patch_req = wrk.format("PATCH", path,
       { ["Content-Type"] = "application/json" }, '{"title":"bench"}')
+   if_match = os.getenv("PATCH_IF_MATCH") == "1"
+   etag = nil
    ok, bad = 0, 0
    statuses = {}
 end
 
 function request()
+   if if_match and etag then
+      return wrk.format("PATCH", path,
+         { ["Content-Type"] = "application/json", ["If-Match"] = etag }, '{"title":"bench"}')
+   end
    return patch_req
 end
 
 function response(status, headers, body)
+   if if_match then
+      etag = headers["ETag"] or headers["etag"]
+   end
    if status == 200 then
       ok = ok + 1
    else

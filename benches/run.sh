@@ -19,6 +19,10 @@
 #   6 SQLite direct           lockstep's own acquire/release SQL, no HTTP (Python)
 #   7 Redis                   one EVAL per pair: SET NX PX + owner-checked DEL
 #   8 Redis, fsync always     as 7 with appendonly yes, appendfsync always
+# Write rows (PATCH, one item per client, benches/patch_items.lua):
+#   9 nginx reverse proxy     PATCH /items/<n> through nginx to the backend (no check)
+#  10 lockstep versioned PATCH PATCH /items/<n> with If-Match: the previous answer's
+#                             ETag (SQLite: claim, forward, commit, both durable)
 #
 # Environment:
 #   BENCH_DURATION=8        seconds per measured run (1..10)
@@ -206,6 +210,9 @@ pattern = "/b64k/{id}"
 pattern = "/b1m/{id}"
 
 [[resources]]
+pattern = "/items/{id}"
+
+[[resources]]
 pattern = "/drift/{id}"
 detect_drift = true
 
@@ -289,6 +296,17 @@ for path in articles cached; do
     grep -qi '^etag: "1"' "$hdr" || die "conditional GET /$path/1 has no ETag \"1\""
 done
 
+# A checked PATCH through lockstep bumps the version; a stale one gets 409.
+for want in '200 "2"' '409 "2"'; do
+    hdr=$TMP/check-patch.headers
+    curl -s -o "$TMP/check-patch.body" -D "$hdr" --max-time 5 -X PATCH -H 'Content-Type: application/json' \
+        -H 'If-Match: "1"' -d '{"title":"bench"}' "http://127.0.0.1:$P_LOCKSTEP/items/sanity" ||
+        die "PATCH /items/sanity failed"
+    got="$(awk 'NR==1 {print $2}' "$hdr") $(awk 'tolower($1)=="etag:" {sub(/\r$/, "", $2); print $2}' "$hdr")"
+    [[ $got == "$want" ]] || die "PATCH /items/sanity with If-Match \"1\": got '$got', expected '$want'"
+done
+note "Sanity: \`PATCH /items/sanity\` with \`If-Match: \"1\"\` through lockstep answered 200 with \`ETag: \"2\"\`, and the same again 409."
+
 check_lock_api
 
 REDIS_LUA="local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', $LOCK_TTL_MS) if ok and redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
@@ -333,7 +351,8 @@ group_ticks() {
 
 # wrk_run NAME THREADS CONNECTIONS URL [wrk options...]: warm-up, then the
 # measured run into $TMP/wrk-NAME.txt. With CPU_GROUP set, sets CPU_US to the
-# CPU time (µs) that process group used during the measured run.
+# CPU time (µs) that process group used during the measured run; BACKEND_US
+# is the same for the nginx backend.
 wrk_run() {
     local name=$1 t=$2 c=$3 url=$4 before
     shift 4
@@ -344,10 +363,12 @@ wrk_run() {
     fi
     log "$name: wrk -t$t -c$c -d${DURATION}s $url"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
+    backend_before=$(group_ticks "$BACKEND_GROUP")
     BENCH_RUN=measure-$name wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" >"$TMP/wrk-$name.txt" 2>&1 ||
         die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
     CPU_US=0
     [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
+    BACKEND_US=$((($(group_ticks "$BACKEND_GROUP") - backend_before) * 1000000 / CLK_TCK))
     return 0
 }
 wrk_requests() { awk '/ requests in / {print $1; f=1} END {if (!f) print 0}' "$1"; }
@@ -356,7 +377,7 @@ per_unit() { awk -v u="$1" -v n="$2" 'BEGIN {if (n > 0) printf "%.0f", u / n; el
 
 # Figures per "row:round". FAILS counts non-2xx answers (or failed SQL) and
 # SOCKERR socket errors.
-declare -A RPS P99 FAILS SOCKERR CPU PEAK
+declare -A RPS P99 FAILS SOCKERR CPU PEAK BCPU
 STATUSES=()
 
 # Peak RSS of a process group during one row: the kernel's high-water mark
@@ -384,6 +405,7 @@ measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP [wrk options...]
     PEAK[$row:$r]=$(peak_kib "$group")
     f=$TMP/wrk-$row-$r.txt
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(wrk_requests "$f")")
+    BCPU[$row:$r]=$(per_unit "$BACKEND_US" "$(wrk_requests "$f")")
     RPS[$row:$r]=$(wrk_rps "$f")
     P99[$row:$r]=$(wrk_p99_ms "$f")
     FAILS[$row:$r]=$(wrk_non2xx "$f")
@@ -408,6 +430,26 @@ measure_locks() { # measure_locks ROUND
     FAILS[locks:$r]=$(($(kv "$line" post_bad) + $(kv "$line" del_bad)))
     SOCKERR[locks:$r]=$(wrk_sockerr "$f")
     [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$(kv "$line" statuses)")
+}
+
+# PATCH writes, one item per client (see patch_items.lua): through the nginx
+# proxy (no check) or lockstep (versioned, If-Match from the last answer).
+measure_patch() { # measure_patch ROW ROUND BASE-URL PGID-OF-THE-HOP IF_MATCH
+    local row=$1 r=$2 url=$3 group=$4 f line
+    peak_reset "$group"
+    PATCH_IF_MATCH=$5 CPU_GROUP=$group wrk_run "$row-$r" "$LOCK_CLIENTS" "$LOCK_CLIENTS" "$url" \
+        -s "$HERE/patch_items.lua" --timeout 10s
+    f=$TMP/wrk-$row-$r.txt
+    PEAK[$row:$r]=$(peak_kib "$group")
+    line=$(grep '^PATCHES ' "$f") || die "patch_items.lua printed no summary"
+    CPU[$row:$r]=$(per_unit "$CPU_US" "$(kv "$line" ok)")
+    BCPU[$row:$r]=$(per_unit "$BACKEND_US" "$(kv "$line" ok)")
+    RPS[$row:$r]=$(awk -v p="$(kv "$line" ok)" -v s="$(kv "$line" seconds)" \
+        'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
+    P99[$row:$r]=$(kv "$line" p99_ms)
+    FAILS[$row:$r]=$(kv "$line" bad)
+    SOCKERR[$row:$r]=$(wrk_sockerr "$f")
+    [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$row: $(kv "$line" statuses)")
 }
 
 # The same SQL straight against SQLite, a fresh database each round.
@@ -451,16 +493,19 @@ for ((round = 1; round <= ROUNDS; round++)); do
         -H 'If-None-Match: "1"'
     measure_locks "$round"
     measure_sqlite "$round"
+    measure_patch nginxpatch "$round" "http://127.0.0.1:$P_PROXY" "$PROXY_GROUP" 0
+    measure_patch patch "$round" "http://127.0.0.1:$P_LOCKSTEP" "$LOCKSTEP_PID" 1
 done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite; do
+for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite nginxpatch patch; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
     P99[$row]=${P99[$row:$median]}
     CPU[$row]=${CPU[$row:$median]}
+    BCPU[$row]=${BCPU[$row:$median]:-n/a}
     PEAK[$row]=${PEAK[$row:$median]:-0}
     fails=0 sockerr=0
     for ((r = 1; r <= ROUNDS; r++)); do
@@ -473,7 +518,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite; do
+    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite nginxpatch patch; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -555,6 +600,7 @@ R_CTN=$(ratio "${RPS[conditional_table]}" "${RPS[nginx]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
 R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
 R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
+R_PATCH=$(ratio "${RPS[patch]}" "${RPS[nginxpatch]}")
 
 commit=$(lockstep_commit)
 nginx_v=$(nginx -v 2>&1 | sed 's/.*nginx\///')
@@ -568,7 +614,7 @@ else
 fi
 
 http_line() { # http_line N LABEL REQUEST ROW
-    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | $(mib "${PEAK[$4]}") | ${FAILS[$4]} | ${SOCKERR[$4]} |"
+    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | ${BCPU[$4]} µs | $(mib "${PEAK[$4]}") | ${FAILS[$4]} | ${SOCKERR[$4]} |"
 }
 
 mkdir -p "$(dirname "$OUT")"
@@ -588,8 +634,8 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency, after a ${WARMUP} s warm-up at the same load."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
+    echo "| # | row | request | req/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     http_line 1 "direct backend (nginx)" "GET /articles/1" direct
     http_line 2 "nginx reverse proxy → backend" "GET /articles/1" nginx
     http_line 3 "lockstep passthrough → backend" "GET /plain/1" passthrough
@@ -609,8 +655,8 @@ mkdir -p "$(dirname "$OUT")"
         "lockstep validates the whole body and appends \`\"version\":1\`, byte-exact. The passthrough rows" \
         "fetch the same file on a path no \`[[resources]]\` entry matches."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
+    echo "| # | row | request | req/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     http_line 2k "nginx reverse proxy → backend, 2 KiB" "GET /b2k/1" nginx2k
     http_line 3k "lockstep passthrough → backend, 2 KiB" "GET /p2k/1" passthrough2k
     http_line 4k "lockstep versioned GET → backend, 2 KiB" "GET /b2k/1" versioned2k
@@ -637,8 +683,8 @@ mkdir -p "$(dirname "$OUT")"
     echo "Both answer 304 with \`ETag: \"1\"\`. Without \`exclusive_writes\` lockstep asks the backend first" \
         "(it must learn whether the item still exists); with it, the version table answers alone."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|"
+    echo "| # | row | request | req/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     http_line 4c "lockstep conditional GET → backend" "GET /articles/1" conditional
     http_line 4d "lockstep conditional GET, exclusive_writes (no backend)" "GET /cached/1" conditional_table
     echo
@@ -665,10 +711,30 @@ mkdir -p "$(dirname "$OUT")"
     echo "| lockstep / Redis (5 / 7) | $R_LR | none | |"
     echo "| lockstep / Redis fsync always (5 / 8) | $R_LRF | none | |"
     echo
+    echo "## Writes: PATCH, one item per client"
+    echo
+    echo "$LOCK_CLIENTS concurrent clients (wrk -t$LOCK_CLIENTS -c$LOCK_CLIENTS + \`benches/patch_items.lua\`), each PATCHing its own" \
+        "\`/items/<n>\` with \`{\"title\":\"bench\"}\`, ${DURATION} s after a ${WARMUP} s warm-up; the backend answers 200."
+    echo
+    echo "| # | row | request | writes/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    http_line 9 "nginx reverse proxy → backend (no check)" "PATCH /items/<n>" nginxpatch
+    http_line 10 "lockstep versioned PATCH, If-Match (SQLite)" "PATCH /items/<n>" patch
+    echo
+    echo "| ratio (writes/s) | value | target | |"
+    echo "|---|---:|---:|---|"
+    echo "| lockstep versioned PATCH / nginx proxy PATCH (10 / 9) | $R_PATCH | ≥ 0.3 | $(verdict "$R_PATCH" 0.3) |"
+    echo
+    echo "Row 10 sends each client's last ETag as \`If-Match\`, so every write is checked: claimed (a conditional" \
+        "\`UPDATE\`, durable), forwarded, and committed (a second durable statement), with group commit on SQLite" \
+        "(\`synchronous = FULL\`). Its p99 target is 5 ms."
+    echo
     echo "## Notes"
     echo
     echo "- CPU per request: CPU time used during the measured run by the process that is the last hop in" \
-        "front of wrk (row 1 the nginx backend, row 2 the nginx proxy, rows 3–4e lockstep), per request."
+        "front of wrk (row 1 the nginx backend, rows 2 and 9 the nginx proxy, rows 3–4e and 10 lockstep), per request;" \
+        "backend CPU per request: the same for the nginx backend behind it. Together with wrk's own share they are the" \
+        "profile of each scenario: where the 2 CPUs went."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
         "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
     echo "- The allocator keeps memory it once used, so a row's peak RSS starts from what earlier rows left" \
