@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The lockstep container image (see README.md, "Container image"):
+# The lockstep container image (see docs/operations.md, "Container image"):
 #
 #   docker build -t REGISTRY/lockstep:TAG .
 #

@@ -1,4 +1,4 @@
-//! Drift detection (`[[resources]] detect_drift = true`, README "Drift
+//! Drift detection (`[[resources]] detect_drift = true`, docs/versioning.md "Drift
 //! detection"): a change made on the backend directly, behind lockstep's
 //! back, is noticed at the next read and bumps the version exactly once, so
 //! a client holding the old version gets 409 instead of overwriting it.

@@ -1,4 +1,4 @@
-//! The lock API over HTTP (issue 3, SPEC "Locks" and "Errors"): acquire,
+//! The lock API over HTTP (docs/locks.md, docs/errors.md): acquire,
 //! conflict, refresh, get, release, renew, reclaim, fencing tokens across
 //! releases and restarts, TTL rules, bad input, logs, the proxy prefix and
 //! the sweeper. Every test runs on SQLite and on PostgreSQL (`db_tests!`).
@@ -97,7 +97,7 @@ fn now_ms() -> i64 {
     .unwrap()
 }
 
-/// A lock record as the README describes it: resource, the owner's
+/// A lock record as docs/locks.md describes it: resource, the owner's
 /// fingerprint (and the owner itself only where the caller presented it),
 /// an integer fencing_token, acquired_at and expires_at (RFC 3339 ms, close
 /// to now).
@@ -147,7 +147,7 @@ fn check_problem(resp: &Resp, status: u16, kind: &str) -> Value {
     body
 }
 
-/// A 400 problem of type `invalid-body` or `invalid-request` (README:
+/// A 400 problem of type `invalid-body` or `invalid-request` (docs/locks.md:
 /// "Bad input is 400 (`invalid-body` or `invalid-request`)").
 fn check_bad_request(resp: &Resp, what: &str) {
     assert_eq!(resp.status, 400, "{what}: {resp:?}");
@@ -478,7 +478,7 @@ async fn tokens_increase_across_owners_and_restarts(db: DbKind) {
         last = t;
         assert_eq!(release(&c, &url, owner).await.status, 204);
     }
-    // A lock that is held when lockstep stops stays held (SPEC: SIGTERM
+    // A lock that is held when lockstep stops stays held (docs/configuration.md: SIGTERM
     // releases nothing a client holds).
     let held_url = lock_url(&ls, "job:held-over-restart");
     let held = acquire(&c, &held_url, "keeper", 60_000).await;
@@ -850,7 +850,7 @@ async fn edge_case_resources_work(db: DbKind) {
     check_record(&g, "café:✓", "wörker-ä");
 }
 
-/// Owners are 1–255 bytes of UTF-8 (README), so a holder named `wörker-ä`
+/// Owners are 1–255 bytes of UTF-8 (docs/locks.md), so a holder named `wörker-ä`
 /// must be able to release: its `Lock-Owner` header carries the UTF-8
 /// bytes (RFC 9110 field values may hold them as obs-text).
 async fn a_unicode_owner_can_release_its_lock(db: DbKind) {

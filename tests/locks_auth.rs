@@ -1,4 +1,4 @@
-//! Authenticated callers (README "Locks", `locks.api_tokens_file`): with a
+//! Authenticated callers (docs/locks.md, `locks.api_tokens_file`): with a
 //! tokens file every lock call, on the admin listener and under the proxy
 //! prefix, needs `Authorization: Bearer <token>`, else 401 `unauthorized`;
 //! the file is re-read when it changes; a file that does not load stops

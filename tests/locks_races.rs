@@ -396,7 +396,7 @@ async fn wait_on_one_replica_sees_a_release_on_another(db: DbKind) {
     let (r, elapsed) = waiter.await.unwrap();
     assert_eq!(r.status, 200, "{r:?}");
     assert!(elapsed >= Duration::from_millis(250), "{elapsed:?}");
-    // README: other replicas' releases are seen by re-checks with a backoff
+    // docs/locks.md: other replicas' releases are seen by re-checks with a backoff
     // of at most 200 ms.
     assert!(
         elapsed < Duration::from_millis(1200),

@@ -1,4 +1,4 @@
-//! The owner is the holder's secret (README "Locks", "Who may touch a
+//! The owner is the holder's secret (docs/locks.md, "Who may touch a
 //! lock"): whoever did not send it sees only its fingerprint and the public
 //! label, in every answer and in every log line. Every test runs on SQLite
 //! and on PostgreSQL (`db_tests!`).

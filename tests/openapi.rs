@@ -1,4 +1,4 @@
-//! `GET /openapi.json` (README "Locks"): the document is valid OpenAPI 3.1
+//! `GET /openapi.json` (docs/locks.md): the document is valid OpenAPI 3.1
 //! (checked by openapi-spec-validator), and it describes what the server
 //! really answers. The real server is driven through every outcome of every
 //! lock operation and admin endpoint; each answer's (method, path, status)

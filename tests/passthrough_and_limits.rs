@@ -462,7 +462,7 @@ async fn writes_never_race_a_backend_that_closes_idle_connections() {
     let lockstep = Lockstep::builder()
         .upstream(backend.url())
         // That keep-alive is shorter than the default bound, so the bound
-        // goes below it, as the README tells an operator to do.
+        // goes below it, as docs/proxy.md tells an operator to do.
         .upstream_toml("pool_write_reuse_ms = 100")
         .start();
     const KEYS: u64 = 5;

@@ -1,4 +1,4 @@
-//! Reads through the versioning proxy (README "Versioning", reads):
+//! Reads through the versioning proxy (docs/versioning.md, reads):
 //! `GET`/`HEAD` on an item route carry `ETag: "<version>"` and the
 //! body's `version` member, `If-None-Match` is answered by lockstep, and
 //! reads never change a version.

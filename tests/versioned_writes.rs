@@ -1,4 +1,4 @@
-//! Writes through the versioning proxy (README "Versioning", writes):
+//! Writes through the versioning proxy (docs/versioning.md, writes):
 //! preconditions from `If-Match` or the body `version`,
 //! 409 on stale writes before the backend is called, what each backend
 //! outcome does to the version, DELETE, and POST to a collection.

@@ -1,4 +1,4 @@
-//! Versions for operators on the admin listener (README "Versions for
+//! Versions for operators on the admin listener (docs/versioning.md "Versions for
 //! operators"): `GET /versions/{key}`, `POST /versions/{key}/bump` and
 //! `POST /versions/bump` by prefix, behind the lock API's bearer tokens.
 //! Every test runs on SQLite and on PostgreSQL.

@@ -4,7 +4,7 @@ Named templates of the lockstep chart.
 Every template here takes the chart's own context (.Values, .Release,
 .Chart). A parent chart that has lockstep as a dependency passes
 `.Subcharts.lockstep`, so the sidecar it includes is the one this chart
-would render (see README.md, "Your own Deployment").
+would render (see docs/operations.md, "Your own Deployment").
 */}}
 
 {{- define "lockstep.name" -}}
