@@ -468,6 +468,10 @@ proptest! {
 /// bounded random input so that CI exercises them without a nightly
 /// toolchain.
 pub(super) fn fuzz_one(bytes: &[u8], cuts: &[usize]) {
+    let step = cuts.first().map_or(bytes.len(), |c| c % 17 + 1);
+    if let Err(why) = consistency::scanners_agree(bytes, "version", step) {
+        panic!("{why}");
+    }
     let chunks = chunked(bytes, cuts);
     let whole = [Bytes::copy_from_slice(bytes)];
     let ok = scan(&chunks, "version", |_| {}).is_ok();
