@@ -10,13 +10,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Validated;
+use crate::locks::metrics::LockMetrics;
 use crate::locks::{self, Locks};
 use crate::metrics::Metrics;
+use crate::proxy::metrics::UpstreamMetrics;
 use crate::proxy::{Upstream, UpstreamSettings};
 use crate::server::router::{AdminRouter, ProxyRouter};
 use crate::server::{self, ConnSettings};
-use crate::store::{self, PoolSettings};
+use crate::store::{self, DbMetrics, PoolGauges, PoolSettings};
 use crate::tls::ReloadingCert;
+use crate::versioning::metrics::VersionMetrics;
 use crate::versioning::{self, Versioning};
 
 /// Why lockstep could not start or run.
@@ -39,8 +42,13 @@ pub enum RunError {
 pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let c = &cfg.config;
     let ms = std::time::Duration::from_millis;
-    // One set of metrics; each service gets its own group of it.
-    let metrics = Arc::new(Metrics::new());
+    // One registry; each wing registers its own group into it, and each
+    // service gets only its group.
+    let mut metrics = Metrics::new();
+    let version_metrics = VersionMetrics::register(metrics.registry());
+    let lock_metrics = LockMetrics::register(metrics.registry());
+    let upstream_metrics = UpstreamMetrics::register(metrics.registry());
+    let db_metrics = DbMetrics::register(metrics.registry());
 
     let store = store::connect_with(
         &c.database.url,
@@ -50,10 +58,12 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             idle_timeout: store::DEFAULT_IDLE_TIMEOUT,
         },
         c.database.notify,
-        metrics.db.clone(),
+        db_metrics,
     )
     .await
     .map_err(|e| RunError::Database(crate::error::chain(&e)))?;
+    PoolGauges::register(metrics.registry(), store.clone());
+    let metrics = Arc::new(metrics);
 
     let upstream_settings = UpstreamSettings {
         url: cfg.upstream.clone(),
@@ -90,7 +100,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let locks = Locks::new(
         store.clone(),
         lock_settings.clone(),
-        metrics.locks.clone(),
+        lock_metrics.clone(),
         api_tokens.clone(),
     );
     let lock_prefix: Option<Arc<str>> =
@@ -108,17 +118,17 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     // client is never used to forward.
     let admin_versioning = Versioning::new(
         store.clone(),
-        Upstream::new(&upstream_settings, metrics.upstream.clone()),
+        Upstream::new(&upstream_settings, upstream_metrics.clone()),
         resources.clone(),
         versioning_settings.clone(),
-        metrics.versions.clone(),
+        version_metrics.clone(),
     );
     let make_proxy_router = {
         let store = store.clone();
         let locks = locks.clone();
         let metrics = metrics.clone();
         move || {
-            let upstream = Upstream::new(&upstream_settings, metrics.upstream.clone());
+            let upstream = Upstream::new(&upstream_settings, upstream_metrics.clone());
             ProxyRouter {
                 resources: resources.clone(),
                 versioning: Versioning::new(
@@ -126,7 +136,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
                     upstream.clone(),
                     resources.clone(),
                     versioning_settings.clone(),
-                    metrics.versions.clone(),
+                    version_metrics.clone(),
                 ),
                 upstream,
                 locks: locks.clone(),
@@ -231,7 +241,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let sweeper = tokio::spawn(locks::sweeper(
         store.clone(),
         lock_settings,
-        metrics.locks.clone(),
+        lock_metrics,
         stop.clone(),
     ));
 

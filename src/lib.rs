@@ -17,8 +17,9 @@
 //! * [`config`], [`resources`], [`store`], [`metrics`], [`error`], [`body`],
 //!   [`names`], [`timefmt`], [`tls`] (certificates and trust roots) — the
 //!   ground floor.
-//!   [`metrics`] imports nothing of lockstep's; the store records its
-//!   statement timings there.
+//!   [`metrics`] holds the one registry and imports nothing of lockstep's;
+//!   the wings, forwarding and the store each register their own families
+//!   in it.
 
 pub mod app;
 pub mod body;

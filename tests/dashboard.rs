@@ -4,7 +4,7 @@
 //! query scoped by the dashboard's variables), and every metric its PromQL
 //! queries is one the real binary exports on `GET /metrics`.
 //!
-//! Why a test and not a review: a metric renamed in src/metrics.rs, or a
+//! Why a test and not a review: a metric renamed in the code, or a
 //! name misspelt in the dashboard, leaves a panel silently empty ("No data")
 //! and nothing else complains. Here lockstep runs in front of the test
 //! backend, serves a little traffic of every kind the dashboard charts (so

@@ -9,9 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockstep::metrics::Metrics;
+use lockstep::store::DbMetrics;
 use lockstep::store::{self, Acquire, GrantKind, Lease, LockChange, PoolSettings, Store};
 
 const LONG: Duration = Duration::from_secs(30);
+
+/// The store's metrics, registered in a set of their own.
+fn db_metrics() -> DbMetrics {
+    DbMetrics::register(Metrics::new().registry())
+}
 
 fn pool() -> PoolSettings {
     PoolSettings {
@@ -30,9 +36,7 @@ async fn sqlite() -> Db {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("store.db").display());
     Db {
-        store: store::connect(&url, &pool(), Metrics::new().db.clone())
-            .await
-            .unwrap(),
+        store: store::connect(&url, &pool(), db_metrics()).await.unwrap(),
         _dir: Some(dir),
     }
 }
@@ -51,9 +55,7 @@ async fn postgres() -> Option<Db> {
     let base = admin.rsplit_once('/').unwrap().0;
     let url = format!("{base}/{name}");
     Some(Db {
-        store: store::connect(&url, &pool(), Metrics::new().db.clone())
-            .await
-            .unwrap(),
+        store: store::connect(&url, &pool(), db_metrics()).await.unwrap(),
         _dir: None,
     })
 }
@@ -441,9 +443,7 @@ async fn sqlite_at(dir: &std::path::Path, idle_timeout: Duration) -> Arc<dyn Sto
         idle_timeout,
         ..pool()
     };
-    store::connect(&url, &settings, Metrics::new().db.clone())
-        .await
-        .unwrap()
+    store::connect(&url, &settings, db_metrics()).await.unwrap()
 }
 
 /// Waits until SQLite removed the `-shm` file, which it does when the last
@@ -495,13 +495,13 @@ async fn sqlite_file_is_refused_to_a_second_store_while_the_first_lives() {
     let dir = tempfile::tempdir().unwrap();
     let first = sqlite_at(dir.path(), store::DEFAULT_IDLE_TIMEOUT).await;
     let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    let err = match store::connect(&url, &pool(), Metrics::new().db.clone()).await {
+    let err = match store::connect(&url, &pool(), db_metrics()).await {
         Ok(_) => panic!("a second store opened the same SQLite file"),
         Err(e) => lockstep::error::chain(&e),
     };
     assert!(err.contains("another lockstep process"), "{err}");
     drop(first);
     // Dropping the store lets go of the file.
-    let again = store::connect(&url, &pool(), Metrics::new().db.clone()).await;
+    let again = store::connect(&url, &pool(), db_metrics()).await;
     assert!(again.is_ok(), "the file stayed locked after the store went");
 }

@@ -17,6 +17,7 @@
 //! set ([`auth`]).
 
 pub mod auth;
+pub mod metrics;
 pub mod openapi;
 
 use std::sync::Arc;
@@ -34,11 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
-use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
 use crate::problem::Problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
 use crate::timefmt::rfc3339_ms;
+use metrics::{Expiry, Grant, LockMetrics, LockOp};
 
 /// Longest resource name, owner and label, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;

@@ -9,6 +9,7 @@
 //! the version must move on).
 
 pub mod headers;
+pub mod metrics;
 mod pool;
 mod upgrade;
 
@@ -28,7 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::body::Body;
 use crate::error::Error;
-use crate::metrics::{UpstreamError, UpstreamMetrics};
+use metrics::{UpstreamError, UpstreamMetrics};
 
 /// Settings of the upstream client.
 #[derive(Debug, Clone)]

@@ -33,10 +33,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::metrics::{UpgradeOutcome, UpstreamError, UpstreamMetrics};
 use super::{headers, Inbound, Upstream};
 use crate::body::{self, Body, BoxError};
 use crate::error::Error;
-use crate::metrics::{UpgradeOutcome, UpstreamError, UpstreamMetrics};
 
 /// The tunnels one upstream client opened. Clones share them.
 #[derive(Clone)]

@@ -291,8 +291,7 @@ impl AdminRouter {
                 }
             }
             "/metrics" if read_only => {
-                let mut resp =
-                    Response::new(body::full(self.metrics.render(format, &self.store.pools())));
+                let mut resp = Response::new(body::full(self.metrics.render(format)));
                 resp.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static(format.content_type()),

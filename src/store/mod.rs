@@ -16,6 +16,7 @@ mod batch;
 mod breaker;
 mod file_guard;
 mod locks;
+pub mod metrics;
 mod pg_notify;
 mod pg_schema;
 pub mod postgres;
@@ -32,7 +33,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::metrics::{DbMetrics, PoolState};
+pub use metrics::{DbMetrics, PoolGauges, PoolState};
 pub use wake::Wakeups;
 
 /// The version of a key as a reader or writer sees it.

@@ -23,8 +23,8 @@ use std::time::Duration;
 use super::breaker::Breaker;
 use super::sql::{Dialect, SqlStore};
 use super::wake::Wakeups;
+use super::DbMetrics;
 use super::{pg_notify, pg_schema, Notify, PoolSettings};
-use crate::metrics::DbMetrics;
 
 pub const DIALECT: Dialect = Dialect {
     engine: "postgres",

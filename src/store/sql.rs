@@ -22,9 +22,9 @@ use super::locks::LockSql;
 use super::version_cache::VersionCache;
 use super::version_ops::VersionOpsSql;
 use super::versions::VersionSql;
+use super::{DbMetrics, PoolState};
 use super::{Store, Wakeups};
 use crate::error::{Error, Result};
-use crate::metrics::{DbMetrics, PoolState};
 
 /// A statement and the operation name its timings are recorded under.
 pub struct Stmt {

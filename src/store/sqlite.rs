@@ -19,8 +19,8 @@ use super::batch::Batcher;
 use super::file_guard::FileGuard;
 use super::sql::{Dialect, SqlStore};
 use super::version_cache::VersionCache;
+use super::DbMetrics;
 use super::PoolSettings;
-use crate::metrics::DbMetrics;
 
 pub const DIALECT: Dialect = Dialect {
     engine: "sqlite",

@@ -40,6 +40,7 @@ pub mod detect;
 pub mod drift;
 pub mod fence;
 pub mod method;
+pub mod metrics;
 pub mod precondition;
 pub mod splice;
 pub mod stamp;
@@ -56,12 +57,13 @@ use hyper::body::Incoming;
 
 use crate::body::{self, Body, Collected};
 use crate::error::{Error, Result};
-use crate::metrics::{ConflictReason, RequestKind, UnknownOutcome, VersionMetrics};
+use crate::metrics::RequestKind;
 use crate::problem;
 use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
 use crate::resources::{DriftPolicy, Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
 use crate::store::{Fence, Lease, Store};
+use metrics::{ConflictReason, UnknownOutcome, VersionMetrics};
 use precondition::Expected;
 
 /// Settings of the wing, from `[versioning]` and `[server]`.
