@@ -38,6 +38,7 @@ use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
 use crate::problem::Problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
+use crate::telemetry;
 use crate::timefmt::rfc3339_ms;
 
 /// Longest resource name, owner and label, in bytes.
@@ -107,6 +108,7 @@ impl Locks {
         let (resource, result) = match authorized.and_then(|()| parse_resource(raw_resource)) {
             Err(e) => (None, Err(e)),
             Ok(resource) => {
+                telemetry::record_resource(&resource);
                 let result = match method {
                     Method::POST => self.acquire(req, &resource, started).await,
                     Method::GET | Method::HEAD => self.get(&req, &resource).await,
@@ -128,6 +130,7 @@ impl Locks {
                 (problem.into_response(), outcome)
             }
         };
+        telemetry::record_outcome(outcome, None, None);
         tracing::info!(
             target: "lockstep::request",
             kind = "locks",
