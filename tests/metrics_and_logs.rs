@@ -677,6 +677,13 @@ async fn each_line_of_a_request_carries_its_span_with_what_the_request_learnt() 
         409,
     );
     expect(
+        &c.patch(&item, json!({"title": "d"}))
+            .header("if-match", "\"abc\"")
+            .send()
+            .await,
+        400,
+    );
+    expect(
         &c.get(lockstep.proxy_url_for("/echo/span?token=secret"))
             .send()
             .await,
@@ -692,13 +699,13 @@ async fn each_line_of_a_request_carries_its_span_with_what_the_request_learnt() 
         200,
     );
 
-    let lines = eventually(Duration::from_secs(5), "four access lines", || {
+    let lines = eventually(Duration::from_secs(5), "five access lines", || {
         let lines: Vec<Value> = lockstep
             .log_lines()
             .into_iter()
             .filter(|l| l["target"] == "lockstep::request")
             .collect();
-        async move { (lines.len() >= 4).then_some(lines) }
+        async move { (lines.len() >= 5).then_some(lines) }
     })
     .await;
     let with = |path: &str, outcome: &str| -> Value {
@@ -732,6 +739,15 @@ async fn each_line_of_a_request_carries_its_span_with_what_the_request_learnt() 
     assert_eq!(span["version_before"], 2, "{stale}");
     assert!(span.get("version_after").is_none(), "{stale}");
     assert_eq!(span["outcome"], "conflict", "{stale}");
+
+    // Bad input: the precise problem type, in the line and the span, and
+    // no version (nothing was read).
+    let bad = with("/articles/span", "invalid-precondition");
+    assert_eq!(bad["fields"]["status"], 400, "{bad}");
+    let span = span_of(&bad);
+    assert_eq!(span["outcome"], "invalid-precondition", "{bad}");
+    assert_eq!(span["key"], "articles/span", "{bad}");
+    assert!(span.get("version_before").is_none(), "{bad}");
 
     // Passthrough: no key, no versions; the query string is not logged.
     let pass = with("/echo/span", "proxied");
