@@ -30,3 +30,53 @@ pub fn init(log: &LogConfig) {
     // A second init (tests running in one process) keeps the first.
     let _ = result;
 }
+
+/// The span of one request, entered by the serve loop around the router:
+/// every event while the request is served (the access line, a store
+/// warning, a lock event) carries its context. `method` and `path` are
+/// known at once; the rest is recorded by whoever learns it, through the
+/// functions below, so the field names live here. Each field is recorded at
+/// most once (the text format appends every recording).
+///
+/// Why INFO: it is the access line's level, so with the level above INFO
+/// the span is disabled and costs one check, with nothing formatted.
+pub fn request_span(listener: &'static str, method: &http::Method, path: &str) -> tracing::Span {
+    use tracing::field::Empty;
+    tracing::info_span!(
+        "request",
+        listener,
+        method = %method,
+        path,
+        key = Empty,
+        resource = Empty,
+        version_before = Empty,
+        version_after = Empty,
+        outcome = Empty,
+    )
+}
+
+/// The versioned resource key the current request touches.
+pub fn record_key(key: &str) {
+    tracing::Span::current().record("key", key);
+}
+
+/// The lock resource the current request names.
+pub fn record_resource(resource: &str) {
+    tracing::Span::current().record("resource", resource);
+}
+
+/// How the current request ended, and the versions it found and left
+/// (`None`: not known, left out).
+pub fn record_outcome(outcome: &str, before: Option<i64>, after: Option<i64>) {
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(v) = before {
+        span.record("version_before", v);
+    }
+    if let Some(v) = after {
+        span.record("version_after", v);
+    }
+    span.record("outcome", outcome);
+}

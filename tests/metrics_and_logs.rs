@@ -643,3 +643,139 @@ async fn access_log_off_silences_only_passthrough_lines() {
     let after = scrape(&c, &lockstep).await;
     assert_eq!(after.get(REQUESTS, &req("passthrough", "GET", "200")), 1.0);
 }
+
+/// The request's span, as the JSON line of an event inside it shows it.
+fn span_of(line: &Value) -> &Value {
+    let span = &line["span"];
+    assert_eq!(span["name"], "request", "no request span: {line}");
+    span
+}
+
+#[tokio::test]
+async fn each_line_of_a_request_carries_its_span_with_what_the_request_learnt() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/span", json!({"title": "a"})).await;
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .locks_toml("default_ttl_ms = 30000")
+        .start();
+    let c = Client::new();
+    let item = lockstep.proxy_url_for("/articles/span");
+
+    expect(
+        &c.patch(&item, json!({"title": "b"}))
+            .if_match(1)
+            .send()
+            .await,
+        200,
+    );
+    expect(
+        &c.patch(&item, json!({"title": "c"}))
+            .if_match(1)
+            .send()
+            .await,
+        409,
+    );
+    expect(
+        &c.patch(&item, json!({"title": "d"}))
+            .header("if-match", "\"abc\"")
+            .send()
+            .await,
+        400,
+    );
+    expect(
+        &c.get(lockstep.proxy_url_for("/echo/span?token=secret"))
+            .send()
+            .await,
+        200,
+    );
+    expect(
+        &c.post(
+            lockstep.admin_url_for("/locks/job%3Aspan"),
+            json!({"owner": "a"}),
+        )
+        .send()
+        .await,
+        200,
+    );
+
+    let lines = eventually(Duration::from_secs(5), "five access lines", || {
+        let lines: Vec<Value> = lockstep
+            .log_lines()
+            .into_iter()
+            .filter(|l| l["target"] == "lockstep::request")
+            .collect();
+        async move { (lines.len() >= 5).then_some(lines) }
+    })
+    .await;
+    let with = |path: &str, outcome: &str| -> Value {
+        let found: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["fields"]["path"] == path && l["fields"]["outcome"] == outcome)
+            .collect();
+        assert_eq!(found.len(), 1, "one line for {path} {outcome}: {lines:#?}");
+        found[0].clone()
+    };
+
+    // The write: the span holds what the access line says, the versions
+    // as numbers, the key once it was known.
+    let write = with("/articles/span", "committed");
+    let span = span_of(&write);
+    assert_eq!(span["listener"], "proxy", "{write}");
+    assert_eq!(span["method"], "PATCH", "{write}");
+    assert_eq!(span["path"], "/articles/span", "{write}");
+    assert_eq!(span["key"], "articles/span", "{write}");
+    assert_eq!(span["version_before"], 1, "{write}");
+    assert_eq!(span["version_after"], 2, "{write}");
+    assert_eq!(span["outcome"], "committed", "{write}");
+    assert!(span.get("resource").is_none(), "{write}");
+
+    // A refused write: the version it found, no version after, the
+    // problem's type as its outcome.
+    let stale = with("/articles/span", "conflict");
+    let span = span_of(&stale);
+    assert_eq!(span["method"], "PATCH", "{stale}");
+    assert_eq!(span["key"], "articles/span", "{stale}");
+    assert_eq!(span["version_before"], 2, "{stale}");
+    assert!(span.get("version_after").is_none(), "{stale}");
+    assert_eq!(span["outcome"], "conflict", "{stale}");
+
+    // Bad input: the precise problem type, in the line and the span, and
+    // no version (nothing was read).
+    let bad = with("/articles/span", "invalid-precondition");
+    assert_eq!(bad["fields"]["status"], 400, "{bad}");
+    let span = span_of(&bad);
+    assert_eq!(span["outcome"], "invalid-precondition", "{bad}");
+    assert_eq!(span["key"], "articles/span", "{bad}");
+    assert!(span.get("version_before").is_none(), "{bad}");
+
+    // Passthrough: no key, no versions; the query string is not logged.
+    let pass = with("/echo/span", "proxied");
+    let span = span_of(&pass);
+    assert_eq!(span["method"], "GET", "{pass}");
+    assert_eq!(span["path"], "/echo/span", "{pass}");
+    assert_eq!(span["outcome"], "proxied", "{pass}");
+    assert!(span.get("key").is_none(), "{pass}");
+    assert!(span.get("version_before").is_none(), "{pass}");
+
+    // A lock call on the admin listener: the decoded resource.
+    let lock = with("/locks/job%3Aspan", "acquired");
+    let span = span_of(&lock);
+    assert_eq!(span["listener"], "admin", "{lock}");
+    assert_eq!(span["method"], "POST", "{lock}");
+    assert_eq!(span["resource"], "job:span", "{lock}");
+    assert_eq!(span["outcome"], "acquired", "{lock}");
+    assert!(span.get("key").is_none(), "{lock}");
+
+    // The lock wing's own event inside the same request has it too.
+    let acquired = lockstep
+        .log_lines()
+        .into_iter()
+        .find(|l| l["target"] == "lockstep::locks" && l["fields"]["resource"] == "job:span")
+        .unwrap_or_else(|| panic!("no lock event: {}", lockstep.output_text()));
+    assert_eq!(
+        span_of(&acquired)["path"],
+        "/locks/job%3Aspan",
+        "{acquired}"
+    );
+}

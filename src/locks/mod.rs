@@ -38,6 +38,7 @@ use crate::error::{Error, HeldLock, Result};
 use crate::problem::Problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
+use crate::telemetry;
 use crate::timefmt::rfc3339_ms;
 use metrics::{Expiry, Grant, LockMetrics, LockOp};
 
@@ -108,6 +109,7 @@ impl Locks {
         let (resource, result) = match authorized.and_then(|()| parse_resource(raw_resource)) {
             Err(e) => (None, Err(e)),
             Ok(resource) => {
+                telemetry::record_resource(&resource);
                 let result = match method {
                     Method::POST => self.acquire(req, &resource, started).await,
                     Method::GET | Method::HEAD => self.get(&req, &resource).await,
@@ -129,6 +131,7 @@ impl Locks {
                 (problem.into_response(), outcome)
             }
         };
+        telemetry::record_outcome(outcome, None, None);
         tracing::info!(
             target: "lockstep::request",
             kind = "locks",

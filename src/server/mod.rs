@@ -27,9 +27,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::body::Body;
 use crate::proxy::Tunnels;
+use crate::telemetry;
 
 /// Connection-level limits, and TLS when the listener serves it.
 #[derive(Debug, Clone)]
@@ -120,7 +122,10 @@ pub async fn serve<H: Handler>(
         let handler = handler.clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handler.call(req, peer).await) }
+            // One span per request, on both listeners: what the router and
+            // the wings learn is recorded on it (see `telemetry`).
+            let span = telemetry::request_span(name, req.method(), req.uri().path());
+            async move { Ok::<_, Infallible>(handler.call(req, peer).await) }.instrument(span)
         });
         let builder = builder.clone();
         let watcher = graceful.watcher();

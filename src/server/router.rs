@@ -29,6 +29,7 @@ use crate::problem;
 use crate::proxy::{headers, Inbound, Tunnels, Upstream};
 use crate::resources::{ResourceMap, Route};
 use crate::store::Store;
+use crate::telemetry;
 use crate::versioning::Versioning;
 
 /// What a 405 on the proxy listener offers instead.
@@ -181,6 +182,7 @@ fn log_passthrough(
     outcome: &str,
     started: Instant,
 ) {
+    telemetry::record_outcome(outcome, None, None);
     tracing::info!(
         target: "lockstep::request",
         kind = "passthrough",
@@ -205,6 +207,7 @@ fn refused(
     let problem = problem::Problem::from(err);
     let outcome = problem.kind;
     let resp = problem.into_response();
+    telemetry::record_outcome(outcome, None, None);
     let message = if kind == RequestKind::Passthrough {
         "passthrough request"
     } else {

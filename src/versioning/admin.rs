@@ -112,7 +112,7 @@ impl Versioning {
         let held = self
             .claim(key, &Expected::Unchecked, &lease_id, None)
             .await
-            .map_err(|(e, _)| e)?;
+            .map_err(|failure| failure.error)?;
         let Some(new) = self.store.commit(key, &lease_id).await? else {
             // Only if the lease ran out between claim and commit (a store
             // slower than write_lease_ms); someone else bumped meanwhile.

@@ -30,9 +30,16 @@
 //!   and no answer at all bumps but keeps the key closed until the lease runs
 //!   out, because the backend may still be applying the write.
 //! * **stamp** — `ETag` and the body field carry the new version.
+//! * **log** — the one access line, and the request span's outcome and
+//!   versions.
 //!
 //! The part from claim to commit runs in its own task, so a client that
 //! hangs up mid-write cannot leave a lease behind.
+//!
+//! Every phase fails with one type, `Failure`: the crate's [`Error`] and
+//! the version the request knew by then, for the log. The error becomes its
+//! problem+json answer, and the access line's `outcome` token, only in the
+//! log phase, through `problem.rs`'s one exhaustive mapping.
 
 pub mod admin;
 pub mod coding;
@@ -54,6 +61,7 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use tracing::Instrument;
 
 use crate::body::{self, Body, Collected};
 use crate::error::{Error, Result};
@@ -63,6 +71,7 @@ use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
 use crate::resources::{DriftPolicy, Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
 use crate::store::{Fence, Lease, Store};
+use crate::telemetry;
 use metrics::{ConflictReason, UnknownOutcome, VersionMetrics};
 use precondition::Expected;
 
@@ -93,6 +102,68 @@ struct Outcome {
     before: Option<i64>,
     after: Option<i64>,
     outcome: &'static str,
+}
+
+/// The error of the versioned pipeline: what went wrong, and the version
+/// the request had seen by then (the access line's `version_before`).
+///
+/// Why a pair and not a variant of [`Error`]: the version is not part of
+/// the answer (a `Conflict` carries its own), only of the log, and every
+/// phase may fail with any error. A phase that knows no version yet uses
+/// `?` on an [`Error`] (`From`); one that does says so once with
+/// [`KnownVersion::at`].
+#[derive(Debug)]
+struct Failure {
+    error: Error,
+    known_version: Option<i64>,
+}
+
+impl Failure {
+    fn at(version: i64, error: Error) -> Self {
+        Self {
+            error,
+            known_version: Some(version),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Self {
+            error,
+            known_version: None,
+        }
+    }
+}
+
+/// `result.at(version)`: the error of a step that ran knowing `version`.
+trait KnownVersion<T> {
+    fn at(self, version: i64) -> std::result::Result<T, Failure>;
+}
+
+impl<T> KnownVersion<T> for Result<T> {
+    fn at(self, version: i64) -> std::result::Result<T, Failure> {
+        self.map_err(|error| Failure::at(version, error))
+    }
+}
+
+/// How a versioned request ended: answered (with what happened), or failed.
+type Answer = std::result::Result<(Response<Body>, Outcome), Failure>;
+
+/// What commit or abort leaves for the answer.
+enum Settled {
+    /// The write was committed at `version`: its answer gets stamped.
+    Committed {
+        resp: Response<PooledBody>,
+        version: i64,
+    },
+    /// The backend's answer goes back as it is, without a version: the
+    /// write was refused, its outcome is unknown, or its lease was lost.
+    Unstamped {
+        resp: Response<PooledBody>,
+        after: Option<i64>,
+        outcome: &'static str,
+    },
 }
 
 impl Versioning {
@@ -139,12 +210,15 @@ impl Versioning {
                         (RequestKind::CollectionCreate, String::new())
                     }
                 };
-                return Ok(Self::log_and_respond(
+                if !key.is_empty() {
+                    telemetry::record_key(&key);
+                }
+                return Ok(Self::log(
                     kind,
                     &method,
                     &raw_path,
                     &key,
-                    Err((e, None)),
+                    Err(e.into()),
                     started,
                 ));
             }
@@ -160,6 +234,7 @@ impl Versioning {
                 },
                 &Method::GET | &Method::HEAD,
             ) => {
+                telemetry::record_key(key);
                 let pq = with_query(path, req.uri());
                 let result = self
                     .read(req, key, drift.as_deref(), *exclusive_writes, pq, inbound)
@@ -172,6 +247,7 @@ impl Versioning {
                 },
                 &Method::PUT | &Method::PATCH | &Method::DELETE,
             ) => {
+                telemetry::record_key(key);
                 let pq = with_query(path, req.uri());
                 let result = self.write(req, key, fence, pq, inbound).await;
                 (RequestKind::VersionedWrite, key.clone(), result)
@@ -179,6 +255,9 @@ impl Versioning {
             (Route::Collection { path, fence }, &Method::POST) => {
                 let pq = with_query(path, req.uri());
                 let (key, result) = self.create(req, path, fence.as_ref(), pq, inbound).await;
+                if let Some(key) = &key {
+                    telemetry::record_key(key);
+                }
                 (
                     RequestKind::CollectionCreate,
                     key.unwrap_or_default(),
@@ -187,50 +266,7 @@ impl Versioning {
             }
             _ => return Err(req),
         };
-        Ok(Self::log_and_respond(
-            kind, &method, &raw_path, &key, result, started,
-        ))
-    }
-
-    /// The response for a versioned request's result, and its access line:
-    /// exactly one per request.
-    fn log_and_respond(
-        kind: RequestKind,
-        method: &Method,
-        raw_path: &str,
-        key: &str,
-        result: Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
-        started: Instant,
-    ) -> (RequestKind, Response<Body>) {
-        let (response, outcome) = match result {
-            Ok((response, outcome)) => (response, outcome),
-            Err((err, before)) => {
-                let outcome = Outcome {
-                    before,
-                    after: None,
-                    outcome: outcome_of(&err),
-                };
-                if matches!(err, Error::Unavailable(_)) {
-                    tracing::error!(error = %crate::error::chain(&err), key = %key, "store unavailable");
-                }
-                (problem::response(&err), outcome)
-            }
-        };
-        // The access line of a versioned request: exactly one per request.
-        tracing::info!(
-            target: "lockstep::request",
-            kind = kind.as_str(),
-            method = %method,
-            path = %raw_path,
-            key = %key,
-            version_before = outcome.before,
-            version_after = outcome.after,
-            status = response.status().as_u16(),
-            outcome = outcome.outcome,
-            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "versioned request"
-        );
-        (kind, response)
+        Ok(Self::log(kind, &method, &raw_path, &key, result, started))
     }
 
     // ---------------------------------------------------------------- read
@@ -243,7 +279,7 @@ impl Versioning {
         exclusive_writes: bool,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
-    ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
+    ) -> Answer {
         // version: read BEFORE forwarding, so a response may carry an older
         // version than its body but never a newer one. A store outage does
         // not stop reads; they go out unstamped. With drift detection, the
@@ -314,11 +350,10 @@ impl Versioning {
         }
         let mut fwd = Request::from_parts(parts, body::boxed(body));
         self.upstream.prepare(&mut fwd, pq, inbound);
-        let resp = self
-            .upstream
-            .send(fwd)
-            .await
-            .map_err(|e| (e.to_error(self.upstream.request_timeout()), version))?;
+        let resp = self.upstream.send(fwd).await.map_err(|e| Failure {
+            error: e.to_error(self.upstream.request_timeout()),
+            known_version: version,
+        })?;
         let Some(version) = version else {
             return Ok((
                 passthrough_response(resp, is_head),
@@ -353,20 +388,22 @@ impl Versioning {
             return self
                 .read_checked(resp, key, detail, policy, &inm_headers, is_head)
                 .await
-                .map_err(|e| (e, Some(version)));
+                .at(version);
         }
         if precondition::if_none_match_hits(&inm_headers, version) {
             return Ok((not_modified(resp, version), outcome("not-modified")));
         }
-        let resp = self
-            .stamp(resp, version, is_head)
-            .await
-            .map_err(|e| (e, Some(version)))?;
+        let resp = self.stamp(resp, version, is_head).await.at(version)?;
         Ok((resp, outcome("read")))
     }
 
     // --------------------------------------------------------------- write
+    //
+    // A versioned PATCH (or PUT, DELETE), phase by phase, top to bottom:
+    // precondition → claim → forward → commit or abort → stamp → log.
 
+    /// A versioned write. The precondition is checked here; the rest runs
+    /// in a task of its own so a client hanging up cannot strand the lease.
     async fn write(
         &self,
         req: Request<Incoming>,
@@ -374,31 +411,48 @@ impl Versioning {
         fencing: &Fencing,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
-    ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
-        // precondition
+    ) -> Answer {
+        let (expected, fence, fwd) = self.precondition(req, fencing, pq, inbound).await?;
+        // `Lock-Token` goes on to the backend unchanged, so a backend may
+        // check it too. The task keeps the request's span.
+        let this = self.clone();
+        let key = key.to_string();
+        let claimed = async move { this.claimed_write(key, expected, fence, fwd).await };
+        tokio::spawn(claimed.instrument(tracing::Span::current()))
+            .await
+            .unwrap_or_else(
+                |e| Err(Error::BadGateway(format!("the write task failed: {e}")).into()),
+            )
+    }
+
+    /// **precondition**: the expected version from `If-Match` and the body,
+    /// and the fencing token from `Lock-Token`; bad input is refused here,
+    /// before anything is stored. Returns the request `forward` sends:
+    /// without `If-Match` and without the version field.
+    async fn precondition(
+        &self,
+        req: Request<Incoming>,
+        fencing: &Fencing,
+        pq: PathAndQuery,
+        inbound: Inbound<'_>,
+    ) -> Result<(Expected, Option<Fence>, Request<Body>)> {
         let (mut parts, body) = req.into_parts();
-        let fence = fence::presented(&parts.headers, fencing).map_err(|e| {
+        let fence = fence::presented(&parts.headers, fencing).inspect_err(|e| {
             if matches!(e, Error::LockRequired { .. }) {
                 self.metrics.conflict(ConflictReason::LockRequired);
             }
-            (e, None)
         })?;
-        let header_expect = precondition::if_match(&parts.headers).map_err(|e| (e, None))?;
-        let raw = self
-            .read_request_body(&parts, body)
-            .await
-            .map_err(|e| (e, None))?;
+        let header_expect = precondition::if_match(&parts.headers)?;
+        let raw = self.read_request_body(&parts, body).await?;
         let field = &self.settings.body_field;
         // The splicer looks past a byte order mark itself and keeps it.
         let (_, text) = detect::split_bom(&raw);
-        let json =
-            detect::write_body_is_json(&parts.headers, &text, field).map_err(|e| (e, None))?;
-        let (forward_body, body_version) =
-            stamp::take_version(&raw, json, field).map_err(|e| (e, None))?;
-        let expected = precondition::combine(header_expect, body_version).map_err(|e| (e, None))?;
+        let json = detect::write_body_is_json(&parts.headers, &text, field)?;
+        let (forward_body, body_version) = stamp::take_version(&raw, json, field)?;
+        let expected = precondition::combine(header_expect, body_version)?;
         if expected == Expected::Unchecked && self.settings.require_precondition {
             self.metrics.conflict(ConflictReason::PreconditionRequired);
-            return Err((Error::PreconditionRequired, None));
+            return Err(Error::PreconditionRequired);
         }
         for h in [header::IF_MATCH, header::IF_NONE_MATCH] {
             parts.headers.remove(h);
@@ -410,147 +464,86 @@ impl Versioning {
             .insert(header::CONTENT_LENGTH, HeaderValue::from(forward_len));
         let mut fwd = Request::from_parts(parts, body::pieces(forward_body));
         self.upstream.prepare(&mut fwd, pq, inbound);
-
-        // claim → forward → commit/abort → stamp, in a task of its own so a
-        // client hanging up cannot strand the lease. `Lock-Token` goes on to
-        // the backend unchanged, so a backend may check it too.
-        let this = self.clone();
-        let key = key.to_string();
-        tokio::spawn(async move { this.claimed_write(key, expected, fence, fwd).await })
-            .await
-            .unwrap_or_else(|e| {
-                Err((
-                    Error::BadGateway(format!("the write task failed: {e}")),
-                    None,
-                ))
-            })
+        Ok((expected, fence, fwd))
     }
 
+    /// claim → forward → commit or abort → stamp: the part of a write that
+    /// holds the key's write lease. From the claim on, every failure knows
+    /// the version the write was claimed at.
     async fn claimed_write(
         &self,
         key: String,
         expected: Expected,
         fence: Option<Fence>,
         fwd: Request<Body>,
-    ) -> Result<(Response<Body>, Outcome), (Error, Option<i64>)> {
+    ) -> Answer {
         let lease_id = uuid::Uuid::new_v4().to_string();
         let held = self
             .claim(&key, &expected, &lease_id, fence.as_ref())
             .await?;
+        let answer = self.forward(fwd).await;
+        let settled = self
+            .commit_or_abort(&key, &lease_id, held, answer)
+            .await
+            .at(held)?;
         let outcome = |after, o| Outcome {
             before: Some(held),
             after,
             outcome: o,
         };
-        let store_err = |e: Error| (e, Some(held));
-
-        match self.upstream.send(fwd).await {
-            Ok(resp) if applied_or_unknown(resp.status()) => {
-                // The write happened (2xx, 3xx), or (5xx) may have: the
-                // version moves on.
-                let new = self
-                    .store
-                    .commit(&key, &lease_id)
-                    .await
-                    .map_err(store_err)?;
-                if resp.status().is_server_error() {
-                    if new.is_some() {
-                        self.metrics.unknown_outcome(UnknownOutcome::Backend5xx);
-                    }
-                    return Ok((
-                        passthrough_response(resp, false),
-                        outcome(new, "unknown-outcome-bumped"),
-                    ));
-                }
-                let Some(new) = new else {
-                    // The lease was taken over (we outlived it): the version
-                    // of this body is unknown, so it carries none.
-                    tracing::warn!(key = %key, "write lease lost before commit; response sent without a version");
-                    return Ok((
-                        passthrough_response(resp, false),
-                        outcome(None, "lease-lost"),
-                    ));
-                };
-                self.metrics.bumped();
-                let resp = self.stamp(resp, new, false).await.map_err(store_err)?;
-                Ok((resp, outcome(Some(new), "committed")))
+        match settled {
+            Settled::Committed { resp, version } => {
+                let resp = self.stamp(resp, version, false).await.at(held)?;
+                Ok((resp, outcome(Some(version), "committed")))
             }
-            Ok(resp) => {
-                // The backend refused (4xx): nothing changed.
-                self.store.abort(&key, &lease_id).await.map_err(store_err)?;
-                Ok((
-                    passthrough_response(resp, false),
-                    outcome(Some(held), "refused"),
-                ))
-            }
-            Err(ForwardError::NotSent(m)) => {
-                self.store.abort(&key, &lease_id).await.map_err(store_err)?;
-                Err((
-                    ForwardError::NotSent(m).to_error(self.upstream.request_timeout()),
-                    Some(held),
-                ))
-            }
-            Err(e) => {
-                // No answer: the backend may still apply this write. Bump now
-                // (a stale client gets 409) and keep the key closed until the
-                // lease runs out; the claim after it bumps once more.
-                let new = self
-                    .store
-                    .bump_and_hold(&key, &lease_id)
-                    .await
-                    .map_err(store_err)?;
-                if new.is_some() {
-                    self.metrics.unknown_outcome(match e {
-                        ForwardError::Timeout => UnknownOutcome::Timeout,
-                        _ => UnknownOutcome::Reset,
-                    });
-                }
-                tracing::warn!(key = %key, version = new, error = ?e, "write outcome unknown; key closed until its lease runs out");
-                Err((e.to_error(self.upstream.request_timeout()), Some(held)))
-            }
+            Settled::Unstamped {
+                resp,
+                after,
+                outcome: o,
+            } => Ok((passthrough_response(resp, false), outcome(after, o))),
         }
     }
 
-    /// Takes the write lease at a version `expected` accepts, waiting for an
-    /// in-flight write on the same key (bounded by `write_wait`). A fenced
-    /// write is claimed only while its lock holds its token; whenever it
-    /// is refused, a token the lock no longer holds is the answer, ahead of
-    /// a stale version or a write in progress.
+    /// **claim**: takes the write lease at a version `expected` accepts,
+    /// waiting for an in-flight write on the same key (bounded by
+    /// `write_wait`). A fenced write is claimed only while its lock holds
+    /// its token; whenever it is refused, a token the lock no longer holds
+    /// is the answer, ahead of a stale version or a write in progress.
     async fn claim(
         &self,
         key: &str,
         expected: &Expected,
         lease_id: &str,
         fence: Option<&Fence>,
-    ) -> Result<i64, (Error, Option<i64>)> {
+    ) -> std::result::Result<i64, Failure> {
         let deadline = Instant::now() + self.settings.write_wait;
         let mut waiter = self.store.wakeups().subscribe(Topic::Version, key);
         let mut backoff = Duration::from_millis(10);
         loop {
-            let state = self.store.current(key).await.map_err(|e| (e, None))?;
+            let state = self.store.current(key).await?;
             let Some(version) = expected.accepts(state.version) else {
-                self.check_fence(fence, state.version).await?;
+                self.check_fence(fence).await.at(state.version)?;
                 self.metrics.conflict(ConflictReason::Stale);
-                return Err((
+                return Err(Failure::at(
+                    state.version,
                     Error::Conflict {
                         current_version: state.version,
                         expected: expected.describe(),
                         status: self.settings.conflict_status,
                     },
-                    Some(state.version),
                 ));
             };
             if let Lease::Held { remaining_ms } = state.lease {
                 let now = Instant::now();
                 if now >= deadline {
-                    self.check_fence(fence, state.version).await?;
+                    self.check_fence(fence).await.at(state.version)?;
                     self.metrics.conflict(ConflictReason::WriteInProgress);
-                    return Err((
+                    return Err(Failure::at(
+                        state.version,
                         Error::WriteInProgress {
                             current_version: state.version,
                             retry_after_s: problem::retry_after_secs(remaining_ms),
                         },
-                        Some(state.version),
                     ));
                 }
                 let lease_left = Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0));
@@ -566,7 +559,7 @@ impl Versioning {
                 Some(f) => self.store.claim_fenced(key, version, lease_id, lease, f),
                 None => self.store.claim(key, version, lease_id, lease),
             };
-            if let Some(held) = claimed.await.map_err(|e| (e, Some(version)))? {
+            if let Some(held) = claimed.await.at(version)? {
                 if state.lease == Lease::Expired {
                     // The claim took over a lease that ran out uncommitted,
                     // and bumped the version for that write.
@@ -575,15 +568,15 @@ impl Versioning {
                 return Ok(held);
             }
             // The lock, or a race with another writer: tell which.
-            self.check_fence(fence, version).await?;
+            self.check_fence(fence).await.at(version)?;
             if Instant::now() >= deadline {
                 self.metrics.conflict(ConflictReason::WriteInProgress);
-                return Err((
+                return Err(Failure::at(
+                    version,
                     Error::WriteInProgress {
                         current_version: version,
                         retry_after_s: 1,
                     },
-                    Some(version),
                 ));
             }
         }
@@ -592,32 +585,150 @@ impl Versioning {
     /// For a fenced write that was refused: `stale-lock-token` when its
     /// lock is not live with exactly its token (read from the store; the
     /// claim itself decides, this only picks the answer).
-    async fn check_fence(
-        &self,
-        fence: Option<&Fence>,
-        version: i64,
-    ) -> Result<(), (Error, Option<i64>)> {
+    async fn check_fence(&self, fence: Option<&Fence>) -> Result<()> {
         let Some(fence) = fence else {
             return Ok(());
         };
-        let lock = self
-            .store
-            .get(&fence.resource)
-            .await
-            .map_err(|e| (e, Some(version)))?;
+        let lock = self.store.get(&fence.resource).await?;
         let current = lock.map(|l| l.fencing_token);
         if current == Some(fence.token) {
             return Ok(());
         }
         self.metrics.conflict(ConflictReason::StaleLockToken);
-        Err((
-            Error::StaleLockToken {
-                lock_resource: fence.resource.clone(),
-                presented: fence.token,
-                current_fencing_token: current,
-            },
-            Some(version),
-        ))
+        Err(Error::StaleLockToken {
+            lock_resource: fence.resource.clone(),
+            presented: fence.token,
+            current_fencing_token: current,
+        })
+    }
+
+    /// **forward**: the claimed write goes to the backend, as
+    /// `precondition` left it.
+    async fn forward(
+        &self,
+        fwd: Request<Body>,
+    ) -> std::result::Result<Response<PooledBody>, ForwardError> {
+        self.upstream.send(fwd).await
+    }
+
+    /// **commit or abort** (or bump-and-hold), by the backend's answer: a
+    /// write that happened (2xx, 3xx) or may have (5xx) moves the version
+    /// on; a refusal (4xx) or a request never sent releases the lease
+    /// unchanged; no answer at all bumps but keeps the key closed until the
+    /// lease runs out, because the backend may still be applying the write.
+    async fn commit_or_abort(
+        &self,
+        key: &str,
+        lease_id: &str,
+        held: i64,
+        answer: std::result::Result<Response<PooledBody>, ForwardError>,
+    ) -> Result<Settled> {
+        match answer {
+            Ok(resp) if applied_or_unknown(resp.status()) => {
+                let new = self.store.commit(key, lease_id).await?;
+                if resp.status().is_server_error() {
+                    if new.is_some() {
+                        self.metrics.unknown_outcome(UnknownOutcome::Backend5xx);
+                    }
+                    return Ok(Settled::Unstamped {
+                        resp,
+                        after: new,
+                        outcome: "unknown-outcome-bumped",
+                    });
+                }
+                let Some(new) = new else {
+                    // The lease was taken over (we outlived it): the version
+                    // of this body is unknown, so it carries none.
+                    tracing::warn!(key = %key, "write lease lost before commit; response sent without a version");
+                    return Ok(Settled::Unstamped {
+                        resp,
+                        after: None,
+                        outcome: "lease-lost",
+                    });
+                };
+                self.metrics.bumped();
+                Ok(Settled::Committed { resp, version: new })
+            }
+            Ok(resp) => {
+                // The backend refused (4xx): nothing changed.
+                self.store.abort(key, lease_id).await?;
+                Ok(Settled::Unstamped {
+                    resp,
+                    after: Some(held),
+                    outcome: "refused",
+                })
+            }
+            Err(ForwardError::NotSent(m)) => {
+                self.store.abort(key, lease_id).await?;
+                Err(ForwardError::NotSent(m).to_error(self.upstream.request_timeout()))
+            }
+            Err(e) => {
+                // No answer: the backend may still apply this write. Bump now
+                // (a stale client gets 409) and keep the key closed until the
+                // lease runs out; the claim after it bumps once more.
+                let new = self.store.bump_and_hold(key, lease_id).await?;
+                if new.is_some() {
+                    self.metrics.unknown_outcome(match e {
+                        ForwardError::Timeout => UnknownOutcome::Timeout,
+                        _ => UnknownOutcome::Reset,
+                    });
+                }
+                tracing::warn!(key = %key, version = new, error = ?e, "write outcome unknown; key closed until its lease runs out");
+                Err(e.to_error(self.upstream.request_timeout()))
+            }
+        }
+    }
+
+    // (stamp: [`Versioning::stamp`], shared with reads and creations.)
+
+    // ----------------------------------------------------------------- log
+
+    /// **log**: the response for a versioned request's result, and its
+    /// access line, exactly one per request; the request's span gets the
+    /// same outcome and versions. An error's response and its `outcome`
+    /// token both come from [`problem::Problem`], the one mapping.
+    fn log(
+        kind: RequestKind,
+        method: &Method,
+        raw_path: &str,
+        key: &str,
+        result: Answer,
+        started: Instant,
+    ) -> (RequestKind, Response<Body>) {
+        let (response, outcome) = match result {
+            Ok((response, outcome)) => (response, outcome),
+            Err(Failure {
+                error,
+                known_version,
+            }) => {
+                if matches!(error, Error::Unavailable(_)) {
+                    tracing::error!(error = %crate::error::chain(&error), key = %key, "store unavailable");
+                }
+                let problem = problem::Problem::from(&error);
+                let outcome = Outcome {
+                    before: known_version,
+                    after: None,
+                    outcome: problem.kind,
+                };
+                (problem.into_response(), outcome)
+            }
+        };
+        telemetry::record_outcome(outcome.outcome, outcome.before, outcome.after);
+        // The access line of a versioned request: exactly one per request.
+        tracing::info!(
+            target: "lockstep::request",
+            kind = kind.as_str(),
+            method = %method,
+            path = %raw_path,
+            key = %key,
+            version_before = outcome.before,
+            version_after = outcome.after,
+            status = response.status().as_u16(),
+            outcome = outcome.outcome,
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "versioned request"
+        );
+        (kind, response)
     }
 
     // -------------------------------------------------------------- create
@@ -629,10 +740,7 @@ impl Versioning {
         fencing: Option<&Fencing>,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
-    ) -> (
-        Option<String>,
-        Result<(Response<Body>, Outcome), (Error, Option<i64>)>,
-    ) {
+    ) -> (Option<String>, Answer) {
         // A POST has no write lease to claim (the item does not exist
         // yet), so its token is checked by a read just before forwarding:
         // a creation is fenced against holders that already lost the lock,
@@ -644,11 +752,11 @@ impl Versioning {
                     if matches!(e, Error::LockRequired { .. }) {
                         self.metrics.conflict(ConflictReason::LockRequired);
                     }
-                    return (None, Err((e, None)));
+                    return (None, Err(e.into()));
                 }
             };
-            if let Err(e) = self.check_fence(fence.as_ref(), 0).await {
-                return (None, Err((e.0, None)));
+            if let Err(e) = self.check_fence(fence.as_ref()).await {
+                return (None, Err(e.into()));
             }
         }
         let mut fwd = req.map(body::boxed);
@@ -658,7 +766,7 @@ impl Versioning {
             Err(e) => {
                 return (
                     None,
-                    Err((e.to_error(self.upstream.request_timeout()), None)),
+                    Err(e.to_error(self.upstream.request_timeout()).into()),
                 )
             }
         };
@@ -684,7 +792,7 @@ impl Versioning {
             .and_then(|uri| self.item_key(uri.path()));
         let buffered = match self.buffer_response(incoming).await {
             Ok(b) => b,
-            Err(e) => return (location_key, Err((e, None))),
+            Err(e) => return (location_key, Err(e.into())),
         };
         let key = location_key.or_else(|| match &buffered {
             Collected::Complete(pieces) if stamp::is_json(&parts.headers) => {
@@ -976,19 +1084,4 @@ fn encode_segment(s: &str) -> String {
     crate::resources::encode_path(&[s.to_string()])
         .trim_start_matches('/')
         .to_string()
-}
-
-fn outcome_of(err: &Error) -> &'static str {
-    match err {
-        Error::Conflict { .. } => "conflict",
-        Error::PreconditionRequired => "precondition-required",
-        Error::StaleLockToken { .. } => "stale-lock-token",
-        Error::LockRequired { .. } => "lock-required",
-        Error::WriteInProgress { .. } => "write-in-progress",
-        Error::GatewayTimeout { .. } => "gateway-timeout",
-        Error::BadGateway(_) => "bad-gateway",
-        Error::Unavailable(_) => "store-unavailable",
-        Error::PayloadTooLarge { .. } => "payload-too-large",
-        _ => "invalid",
-    }
 }
