@@ -47,17 +47,8 @@ const MAX_LOCK_BODY: u64 = 16 * 1024;
 /// How long a lock request body may take to arrive.
 const LOCK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Settings of the wing, from `[locks]`.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub default_ttl_ms: Option<u64>,
-    pub min_ttl_ms: u64,
-    pub max_ttl_ms: u64,
-    pub max_wait_ms: u64,
-    pub warn_held_fraction: f64,
-    pub sweep_interval: Duration,
-    pub retention: Duration,
-}
+/// Settings of the wing, from `[locks]`, as validation leaves them.
+pub use crate::config::LockSettings as Settings;
 
 /// The lock service. Cheap to clone.
 #[derive(Clone)]

@@ -27,6 +27,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::body::Body;
+use crate::config::UpstreamLimits;
 use crate::error::Error;
 use crate::metrics::{UpstreamError, UpstreamMetrics};
 
@@ -34,13 +35,8 @@ use crate::metrics::{UpstreamError, UpstreamMetrics};
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
     pub url: Uri,
-    pub connect_timeout: Duration,
-    pub request_timeout: Duration,
-    pub pool_idle_timeout: Duration,
-    pub pool_max_idle_per_host: usize,
-    /// A request that is not safe to repeat reuses only a connection idle
-    /// for less than this.
-    pub pool_write_reuse: Duration,
+    /// Timeouts and pool sizes, from `[upstream]`.
+    pub limits: UpstreamLimits,
     /// Trust roots for an `https://` upstream (unused for `http://`).
     pub tls: rustls::ClientConfig,
 }
@@ -147,7 +143,7 @@ pub struct Inbound<'a> {
 impl Upstream {
     pub fn new(settings: &UpstreamSettings, metrics: UpstreamMetrics) -> Self {
         let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_connect_timeout(Some(settings.limits.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
         connector.enforce_http(false);
@@ -159,7 +155,7 @@ impl Upstream {
                 .https_or_http()
                 .enable_http1()
                 .wrap_connector(connector),
-            timeout: settings.connect_timeout,
+            timeout: settings.limits.connect_timeout,
         };
         let scheme = settings.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let target = Uri::builder()
@@ -184,13 +180,13 @@ impl Upstream {
             pool: pool::Pool::new(
                 connector,
                 target,
-                settings.pool_max_idle_per_host,
-                settings.pool_idle_timeout,
-                settings.pool_write_reuse,
-                settings.request_timeout,
+                settings.limits.pool_max_idle_per_host,
+                settings.limits.pool_idle_timeout,
+                settings.limits.pool_write_reuse,
+                settings.limits.request_timeout,
             ),
             host,
-            request_timeout: settings.request_timeout,
+            request_timeout: settings.limits.request_timeout,
             tunnels: Tunnels::new(metrics.clone()),
             metrics,
         }

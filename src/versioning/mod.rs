@@ -64,16 +64,9 @@ use crate::store::wake::Topic;
 use crate::store::{Fence, Lease, Store};
 use precondition::Expected;
 
-/// Settings of the wing, from `[versioning]` and `[server]`.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub body_field: String,
-    pub require_precondition: bool,
-    pub conflict_status: u16,
-    pub write_lease: Duration,
-    pub write_wait: Duration,
-    pub max_body_bytes: u64,
-}
+/// Settings of the wing, from `[versioning]` and `[server]`, as
+/// validation leaves them.
+pub use crate::config::VersioningSettings as Settings;
 
 /// The versioning service. Cheap to clone.
 #[derive(Clone)]
