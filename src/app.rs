@@ -63,8 +63,13 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         .as_deref()
         .map(locks::auth::ApiTokens::load)
         .transpose()?;
+    // Each wing gets its half of the store; they meet only in the database.
+    let versions: Arc<dyn store::Versions> = store.clone();
+    let lock_store: Arc<dyn store::LockStore> = store.clone();
+    let wakeups = store.wakeups().clone();
     let locks = Locks::new(
-        store.clone(),
+        lock_store.clone(),
+        wakeups.clone(),
         lock_settings.clone(),
         metrics.locks.clone(),
         api_tokens.clone(),
@@ -83,14 +88,15 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     // The admin listener's versioning answers operators only; its upstream
     // client is never used to forward.
     let admin_versioning = Versioning::new(
-        store.clone(),
+        versions.clone(),
+        wakeups.clone(),
         Upstream::new(&upstream_settings, metrics.upstream.clone()),
         resources.clone(),
         versioning_settings.clone(),
         metrics.versions.clone(),
     );
     let make_proxy_router = {
-        let store = store.clone();
+        let versions = versions.clone();
         let locks = locks.clone();
         let metrics = metrics.clone();
         move || {
@@ -98,7 +104,8 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             ProxyRouter {
                 resources: resources.clone(),
                 versioning: Versioning::new(
-                    store.clone(),
+                    versions.clone(),
+                    wakeups.clone(),
                     upstream.clone(),
                     resources.clone(),
                     versioning_settings.clone(),
@@ -201,7 +208,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         }
     });
     let sweeper = tokio::spawn(locks::sweeper(
-        store.clone(),
+        lock_store,
         lock_settings,
         metrics.locks.clone(),
         stop.clone(),

@@ -37,7 +37,7 @@ use crate::error::{Error, HeldLock, Result};
 use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
 use crate::problem::Problem;
 use crate::store::wake::Topic;
-use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
+use crate::store::{Acquire, GrantKind, LockChange, LockRecord, LockStore, Wakeups};
 use crate::timefmt::rfc3339_ms;
 
 /// Longest resource name, owner and label, in bytes.
@@ -53,7 +53,10 @@ pub use crate::config::LockSettings as Settings;
 /// The lock service. Cheap to clone.
 #[derive(Clone)]
 pub struct Locks {
-    store: Arc<dyn Store>,
+    /// The lock table only.
+    store: Arc<dyn LockStore>,
+    /// Wakes an acquirer waiting for a lock to be released.
+    wakeups: Wakeups,
     settings: Arc<Settings>,
     metrics: LockMetrics,
     /// When set, every call needs one of these bearer tokens.
@@ -72,13 +75,15 @@ struct LockBody {
 
 impl Locks {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LockStore>,
+        wakeups: Wakeups,
         settings: Settings,
         metrics: LockMetrics,
         tokens: Option<Arc<auth::ApiTokens>>,
     ) -> Self {
         Self {
             store,
+            wakeups,
             settings: Arc::new(settings),
             metrics,
             tokens,
@@ -146,7 +151,7 @@ impl Locks {
         let ttl = self.ttl_of(&body)?;
         let fingerprint = owner_fingerprint(&owner);
         let deadline = started + wait;
-        let mut waiter = self.store.wakeups().subscribe(Topic::Lock, resource);
+        let mut waiter = self.wakeups.subscribe(Topic::Lock, resource);
         let mut backoff = Duration::from_millis(10);
         loop {
             match self
@@ -404,7 +409,7 @@ impl Locks {
 
 /// Removes long-expired rows every `sweep_interval` until `shutdown`.
 pub async fn sweeper(
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     settings: Settings,
     metrics: LockMetrics,
     shutdown: CancellationToken,

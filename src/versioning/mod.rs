@@ -61,7 +61,7 @@ use crate::problem;
 use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
 use crate::resources::{DriftPolicy, Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
-use crate::store::{Fence, Lease, Store};
+use crate::store::{Fence, Lease, Versions, Wakeups};
 use precondition::Expected;
 
 /// Settings of the wing, from `[versioning]` and `[server]`, as
@@ -71,7 +71,11 @@ pub use crate::config::VersioningSettings as Settings;
 /// The versioning service. Cheap to clone.
 #[derive(Clone)]
 pub struct Versioning {
-    store: Arc<dyn Store>,
+    /// The version table only: the lock table is read solely inside the
+    /// version statements (fencing).
+    store: Arc<dyn Versions>,
+    /// Wakes a writer waiting for an in-flight write on its key.
+    wakeups: Wakeups,
     upstream: Upstream,
     resources: Arc<ResourceMap>,
     settings: Arc<Settings>,
@@ -88,7 +92,8 @@ struct Outcome {
 
 impl Versioning {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Versions>,
+        wakeups: Wakeups,
         upstream: Upstream,
         resources: Arc<ResourceMap>,
         settings: Settings,
@@ -96,6 +101,7 @@ impl Versioning {
     ) -> Self {
         Self {
             store,
+            wakeups,
             upstream,
             resources,
             settings: Arc::new(settings),
@@ -515,7 +521,7 @@ impl Versioning {
         fence: Option<&Fence>,
     ) -> Result<i64, (Error, Option<i64>)> {
         let deadline = Instant::now() + self.settings.write_wait;
-        let mut waiter = self.store.wakeups().subscribe(Topic::Version, key);
+        let mut waiter = self.wakeups.subscribe(Topic::Version, key);
         let mut backoff = Duration::from_millis(10);
         loop {
             let state = self.store.current(key).await.map_err(|e| (e, None))?;
@@ -591,12 +597,11 @@ impl Versioning {
         let Some(fence) = fence else {
             return Ok(());
         };
-        let lock = self
+        let current = self
             .store
-            .get(&fence.resource)
+            .fence_token(&fence.resource)
             .await
             .map_err(|e| (e, Some(version)))?;
-        let current = lock.map(|l| l.fencing_token);
         if current == Some(fence.token) {
             return Ok(());
         }
