@@ -27,7 +27,7 @@ pub enum RunError {
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("locks.api_tokens_file: {0}")]
-    Tokens(#[from] crate::locks::auth::TokensError),
+    Tokens(#[from] crate::auth::TokensError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -61,7 +61,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let api_tokens = cfg
         .api_tokens_file
         .as_deref()
-        .map(locks::auth::ApiTokens::load)
+        .map(crate::auth::ApiTokens::load)
         .transpose()?;
     // Each wing gets its half of the store; they meet only in the database.
     let versions: Arc<dyn store::Versions> = store.clone();
@@ -203,7 +203,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         let interval = cfg.api_tokens_reload_interval;
         async move {
             if let Some(tokens) = api_tokens {
-                locks::auth::watch(tokens, interval, stop).await;
+                crate::auth::watch(tokens, interval, stop).await;
             }
         }
     });

@@ -21,6 +21,7 @@
 //!   statement timings there.
 
 pub mod app;
+pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;

@@ -14,9 +14,8 @@
 //! fingerprint and the public label the holder chose.
 //!
 //! Callers themselves are checked first, when `locks.api_tokens_file` is
-//! set ([`auth`]).
+//! set ([`crate::auth`]).
 
-pub mod auth;
 pub mod openapi;
 
 use std::sync::Arc;
@@ -32,6 +31,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::ApiTokens;
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
 use crate::metrics::{Expiry, Grant, LockMetrics, LockOp};
@@ -60,7 +60,7 @@ pub struct Locks {
     settings: Arc<Settings>,
     metrics: LockMetrics,
     /// When set, every call needs one of these bearer tokens.
-    tokens: Option<Arc<auth::ApiTokens>>,
+    tokens: Option<Arc<ApiTokens>>,
 }
 
 /// The members a lock request body may have.
@@ -79,7 +79,7 @@ impl Locks {
         wakeups: Wakeups,
         settings: Settings,
         metrics: LockMetrics,
-        tokens: Option<Arc<auth::ApiTokens>>,
+        tokens: Option<Arc<ApiTokens>>,
     ) -> Self {
         Self {
             store,
@@ -96,10 +96,7 @@ impl Locks {
         let started = Instant::now();
         let method = req.method().clone();
         let uri = req.uri().clone();
-        let authorized = match &self.tokens {
-            Some(tokens) => tokens.check(req.headers()),
-            None => Ok(()),
-        };
+        let authorized = ApiTokens::authorize(self.tokens.as_deref(), req.headers());
         let (resource, result) = match authorized.and_then(|()| parse_resource(raw_resource)) {
             Err(e) => (None, Err(e)),
             Ok(resource) => {

@@ -253,14 +253,13 @@ impl Upstream {
 
 impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
-    /// byte for byte, bodies streamed both ways, failures as 502/504.
-    /// Returns the response and, for the access log, `"proxied"` or the
-    /// problem type of the failure.
+    /// byte for byte, bodies streamed both ways. A failure is the error the
+    /// client is answered with (502/504); the caller renders it.
     pub async fn passthrough(
         &self,
         req: Request<hyper::body::Incoming>,
         inbound: Inbound<'_>,
-    ) -> (Response<Body>, &'static str) {
+    ) -> Result<Response<Body>, Error> {
         let pq = req
             .uri()
             .path_and_query()
@@ -269,17 +268,11 @@ impl Upstream {
         let mut fwd = req.map(crate::body::boxed);
         self.prepare(&mut fwd, pq, inbound);
         match self.send(fwd).await {
-            Ok(resp) => (resp.map(crate::body::boxed), "proxied"),
+            Ok(resp) => Ok(resp.map(crate::body::boxed)),
             Err(e) => {
                 tracing::warn!(error = ?e, "passthrough request failed");
-                failure(&e.to_error(self.request_timeout))
+                Err(e.to_error(self.request_timeout))
             }
         }
     }
-}
-
-fn failure(e: &Error) -> (Response<Body>, &'static str) {
-    let problem = crate::problem::Problem::from(e);
-    let kind = problem.kind;
-    (problem.into_response(), kind)
 }
