@@ -831,6 +831,34 @@ mod tests {
         assert!(!example.exclusive_writes);
     }
 
+    /// The `*_ms` keys (from the file or the environment) reach each part
+    /// as durations of that many milliseconds.
+    #[test]
+    fn the_typed_settings_carry_the_ms_keys_as_durations() {
+        let c = load(
+            "[server]\ndrain_timeout_ms = 1500\nheader_read_timeout_ms = 250\n\
+             [upstream]\nconnect_timeout_ms = 700\n\
+             [versioning]\nwrite_lease_ms = 30000\n\
+             [locks]\nretention_ms = 5000\n",
+            &[("LOCKSTEP_DATABASE__ACQUIRE_TIMEOUT_MS", "1234")],
+        )
+        .unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(c.conn.drain_timeout, ms(1500));
+        assert_eq!(c.conn.header_read_timeout, ms(250));
+        assert_eq!(c.conn.idle_timeout, ms(60_000));
+        assert_eq!(c.upstream_limits.connect_timeout, ms(700));
+        assert_eq!(c.upstream_limits.request_timeout, ms(15_000));
+        assert_eq!(c.pool.acquire_timeout, ms(1234));
+        assert_eq!(c.versioning.write_lease, ms(30_000));
+        assert_eq!(c.versioning.write_wait, ms(10_000));
+        assert_eq!(c.versioning.max_body_bytes, 1_048_576);
+        assert_eq!(c.locks.retention, ms(5000));
+        assert_eq!(c.locks.sweep_interval, ms(60_000));
+        assert_eq!(c.tls_reload_interval, ms(10_000));
+        assert_eq!(c.api_tokens_reload_interval, ms(10_000));
+    }
+
     #[test]
     fn unknown_keys_are_errors() {
         let e = load("[server]\nlisten_addr = \"x\"\n", &[]).unwrap_err();
