@@ -17,10 +17,10 @@ use crate::proxy::metrics::UpstreamMetrics;
 use crate::proxy::{Upstream, UpstreamSettings};
 use crate::server::router::{AdminRouter, ProxyRouter};
 use crate::server::{self, ConnSettings};
-use crate::store::{self, DbMetrics, PoolGauges, PoolSettings};
+use crate::store::{self, DbMetrics, PoolGauges};
 use crate::tls::ReloadingCert;
 use crate::versioning::metrics::VersionMetrics;
-use crate::versioning::{self, Versioning};
+use crate::versioning::Versioning;
 
 /// Why lockstep could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum RunError {
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("locks.api_tokens_file: {0}")]
-    Tokens(#[from] crate::locks::auth::TokensError),
+    Tokens(#[from] crate::auth::TokensError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -41,7 +41,6 @@ pub enum RunError {
 /// Runs lockstep until `shutdown` resolves, then drains and returns.
 pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let c = &cfg.config;
-    let ms = std::time::Duration::from_millis;
     // One registry; each wing registers its own group into it, and each
     // service gets only its group.
     let mut metrics = Metrics::new();
@@ -52,11 +51,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
 
     let store = store::connect_with(
         &c.database.url,
-        &PoolSettings {
-            max_connections: c.database.max_connections,
-            acquire_timeout: ms(c.database.acquire_timeout_ms),
-            idle_timeout: store::DEFAULT_IDLE_TIMEOUT,
-        },
+        &cfg.pool,
         c.database.notify,
         db_metrics,
     )
@@ -67,38 +62,24 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
 
     let upstream_settings = UpstreamSettings {
         url: cfg.upstream.clone(),
-        connect_timeout: ms(c.upstream.connect_timeout_ms),
-        request_timeout: ms(c.upstream.request_timeout_ms),
-        pool_idle_timeout: ms(c.upstream.pool_idle_timeout_ms),
-        pool_max_idle_per_host: c.upstream.pool_max_idle_per_host,
-        pool_write_reuse: ms(c.upstream.pool_write_reuse_ms),
+        limits: cfg.upstream_limits.clone(),
         tls: crate::tls::client_config(cfg.upstream_ca.as_deref())?,
     };
     let resources = Arc::new(cfg.resources.clone());
-    let versioning_settings = versioning::Settings {
-        body_field: c.versioning.body_field.clone(),
-        require_precondition: c.versioning.require_precondition,
-        conflict_status: c.versioning.conflict_status,
-        write_lease: ms(c.versioning.write_lease_ms),
-        write_wait: ms(c.versioning.write_wait_ms),
-        max_body_bytes: c.server.max_body_bytes,
-    };
-    let lock_settings = locks::Settings {
-        default_ttl_ms: c.locks.default_ttl_ms,
-        min_ttl_ms: c.locks.min_ttl_ms,
-        max_ttl_ms: c.locks.max_ttl_ms,
-        max_wait_ms: c.locks.max_wait_ms,
-        warn_held_fraction: c.locks.warn_held_fraction,
-        sweep_interval: ms(c.locks.sweep_interval_ms),
-        retention: ms(c.locks.retention_ms),
-    };
+    let versioning_settings = cfg.versioning.clone();
+    let lock_settings = cfg.locks.clone();
     let api_tokens = cfg
         .api_tokens_file
         .as_deref()
-        .map(locks::auth::ApiTokens::load)
+        .map(crate::auth::ApiTokens::load)
         .transpose()?;
+    // Each wing gets its half of the store; they meet only in the database.
+    let versions: Arc<dyn store::Versions> = store.clone();
+    let lock_store: Arc<dyn store::LockStore> = store.clone();
+    let wakeups = store.wakeups().clone();
     let locks = Locks::new(
-        store.clone(),
+        lock_store.clone(),
+        wakeups.clone(),
         lock_settings.clone(),
         lock_metrics.clone(),
         api_tokens.clone(),
@@ -117,14 +98,15 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     // The admin listener's versioning answers operators only; its upstream
     // client is never used to forward.
     let admin_versioning = Versioning::new(
-        store.clone(),
+        versions.clone(),
+        wakeups.clone(),
         Upstream::new(&upstream_settings, upstream_metrics.clone()),
         resources.clone(),
         versioning_settings.clone(),
         version_metrics.clone(),
     );
     let make_proxy_router = {
-        let store = store.clone();
+        let versions = versions.clone();
         let locks = locks.clone();
         let metrics = metrics.clone();
         move || {
@@ -132,7 +114,8 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             ProxyRouter {
                 resources: resources.clone(),
                 versioning: Versioning::new(
-                    store.clone(),
+                    versions.clone(),
+                    wakeups.clone(),
                     upstream.clone(),
                     resources.clone(),
                     versioning_settings.clone(),
@@ -186,11 +169,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             .as_ref()
             .map(|cert| cert.server_config(None))
             .transpose()?,
-        max_header_bytes: c.server.max_header_bytes,
-        header_read_timeout: ms(c.server.header_read_timeout_ms),
-        idle_timeout: ms(c.server.idle_timeout_ms),
-        max_connections: c.server.max_connections,
-        drain_timeout: ms(c.server.drain_timeout_ms),
+        limits: cfg.conn.clone(),
         half_close: true,
     };
     let stop = CancellationToken::new();
@@ -226,20 +205,20 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     ));
     let cert_watch = tokio::spawn(crate::tls::watch(
         proxy_cert.into_iter().chain(admin_cert).collect(),
-        ms(c.server.tls_reload_interval_ms),
+        cfg.tls_reload_interval,
         stop.clone(),
     ));
     let token_watch = tokio::spawn({
         let stop = stop.clone();
-        let interval = ms(c.locks.api_tokens_reload_interval_ms);
+        let interval = cfg.api_tokens_reload_interval;
         async move {
             if let Some(tokens) = api_tokens {
-                locks::auth::watch(tokens, interval, stop).await;
+                crate::auth::watch(tokens, interval, stop).await;
             }
         }
     });
     let sweeper = tokio::spawn(locks::sweeper(
-        store.clone(),
+        lock_store,
         lock_settings,
         lock_metrics,
         stop.clone(),

@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 pub use crate::resources::ResourceConfig;
 use crate::resources::ResourceMap;
+use crate::store::PoolSettings;
 use crate::tls::CertFiles;
 
 /// The whole configuration, as read from the file and overlays.
@@ -493,6 +494,15 @@ impl Config {
                 .map_err(|e| ConfigError::Invalid(format!("upstream.ca_file: {e}")))?;
         }
         Ok(Validated {
+            api_tokens_reload_interval: Duration::from_millis(
+                self.locks.api_tokens_reload_interval_ms,
+            ),
+            tls_reload_interval: Duration::from_millis(self.server.tls_reload_interval_ms),
+            conn: ConnLimits::from(&self.server),
+            upstream_limits: UpstreamLimits::from(&self.upstream),
+            pool: PoolSettings::from(&self.database),
+            versioning: VersioningSettings::new(&self.versioning, self.server.max_body_bytes),
+            locks: LockSettings::from(&self.locks),
             listen,
             admin_listen,
             upstream,
@@ -524,12 +534,131 @@ pub struct Validated {
     /// Bearer tokens of the lock API; the binary checks the file loads
     /// (it is the lock wing's format, not the config's).
     pub api_tokens_file: Option<PathBuf>,
+    /// How often the tokens file is checked for a change.
+    pub api_tokens_reload_interval: Duration,
     pub resources: ResourceMap,
+    /// How both listeners treat their connections.
+    pub conn: ConnLimits,
+    /// How often the certificate files are checked for a change.
+    pub tls_reload_interval: Duration,
+    /// How the upstream client connects and pools.
+    pub upstream_limits: UpstreamLimits,
+    /// The database pool.
+    pub pool: PoolSettings,
+    /// The versioning wing.
+    pub versioning: VersioningSettings,
+    /// The lock wing.
+    pub locks: LockSettings,
 }
 
-impl Validated {
-    pub fn ms(ms: u64) -> Duration {
-        Duration::from_millis(ms)
+// The typed settings each part receives. Keys and file stay in
+// milliseconds (`*_ms`); what leaves validation is a `Duration`, so no part
+// converts units on its own.
+
+/// Connection-level limits of a listener, from `[server]`.
+#[derive(Debug, Clone)]
+pub struct ConnLimits {
+    pub max_header_bytes: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub drain_timeout: Duration,
+}
+
+/// How the upstream client connects and pools, from `[upstream]`.
+#[derive(Debug, Clone)]
+pub struct UpstreamLimits {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+    /// A request that is not safe to repeat reuses only a connection idle
+    /// for less than this.
+    pub pool_write_reuse: Duration,
+}
+
+/// Settings of the versioning wing, from `[versioning]` and `[server]`.
+#[derive(Debug, Clone)]
+pub struct VersioningSettings {
+    pub body_field: String,
+    pub require_precondition: bool,
+    pub conflict_status: u16,
+    pub write_lease: Duration,
+    pub write_wait: Duration,
+    pub max_body_bytes: u64,
+}
+
+/// Settings of the lock wing, from `[locks]`. TTLs stay milliseconds: they
+/// are compared with the `ttl_ms` of lock requests.
+#[derive(Debug, Clone)]
+pub struct LockSettings {
+    pub default_ttl_ms: Option<u64>,
+    pub min_ttl_ms: u64,
+    pub max_ttl_ms: u64,
+    pub max_wait_ms: u64,
+    pub warn_held_fraction: f64,
+    pub sweep_interval: Duration,
+    pub retention: Duration,
+}
+
+impl From<&ServerConfig> for ConnLimits {
+    fn from(s: &ServerConfig) -> Self {
+        Self {
+            max_header_bytes: s.max_header_bytes,
+            header_read_timeout: Duration::from_millis(s.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(s.idle_timeout_ms),
+            max_connections: s.max_connections,
+            drain_timeout: Duration::from_millis(s.drain_timeout_ms),
+        }
+    }
+}
+
+impl From<&UpstreamConfig> for UpstreamLimits {
+    fn from(u: &UpstreamConfig) -> Self {
+        Self {
+            connect_timeout: Duration::from_millis(u.connect_timeout_ms),
+            request_timeout: Duration::from_millis(u.request_timeout_ms),
+            pool_idle_timeout: Duration::from_millis(u.pool_idle_timeout_ms),
+            pool_max_idle_per_host: u.pool_max_idle_per_host,
+            pool_write_reuse: Duration::from_millis(u.pool_write_reuse_ms),
+        }
+    }
+}
+
+impl From<&DatabaseConfig> for PoolSettings {
+    fn from(d: &DatabaseConfig) -> Self {
+        Self {
+            max_connections: d.max_connections,
+            acquire_timeout: Duration::from_millis(d.acquire_timeout_ms),
+            idle_timeout: crate::store::DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+impl VersioningSettings {
+    fn new(v: &VersioningConfig, max_body_bytes: u64) -> Self {
+        Self {
+            body_field: v.body_field.clone(),
+            require_precondition: v.require_precondition,
+            conflict_status: v.conflict_status,
+            write_lease: Duration::from_millis(v.write_lease_ms),
+            write_wait: Duration::from_millis(v.write_wait_ms),
+            max_body_bytes,
+        }
+    }
+}
+
+impl From<&LocksConfig> for LockSettings {
+    fn from(l: &LocksConfig) -> Self {
+        Self {
+            default_ttl_ms: l.default_ttl_ms,
+            min_ttl_ms: l.min_ttl_ms,
+            max_ttl_ms: l.max_ttl_ms,
+            max_wait_ms: l.max_wait_ms,
+            warn_held_fraction: l.warn_held_fraction,
+            sweep_interval: Duration::from_millis(l.sweep_interval_ms),
+            retention: Duration::from_millis(l.retention_ms),
+        }
     }
 }
 
@@ -700,6 +829,34 @@ mod tests {
         assert!(!example.require_lock && example.lock.is_none());
         assert!(!example.detect_drift && example.drift_ignore.is_empty());
         assert!(!example.exclusive_writes);
+    }
+
+    /// The `*_ms` keys (from the file or the environment) reach each part
+    /// as durations of that many milliseconds.
+    #[test]
+    fn the_typed_settings_carry_the_ms_keys_as_durations() {
+        let c = load(
+            "[server]\ndrain_timeout_ms = 1500\nheader_read_timeout_ms = 250\n\
+             [upstream]\nconnect_timeout_ms = 700\n\
+             [versioning]\nwrite_lease_ms = 30000\n\
+             [locks]\nretention_ms = 5000\n",
+            &[("LOCKSTEP_DATABASE__ACQUIRE_TIMEOUT_MS", "1234")],
+        )
+        .unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(c.conn.drain_timeout, ms(1500));
+        assert_eq!(c.conn.header_read_timeout, ms(250));
+        assert_eq!(c.conn.idle_timeout, ms(60_000));
+        assert_eq!(c.upstream_limits.connect_timeout, ms(700));
+        assert_eq!(c.upstream_limits.request_timeout, ms(15_000));
+        assert_eq!(c.pool.acquire_timeout, ms(1234));
+        assert_eq!(c.versioning.write_lease, ms(30_000));
+        assert_eq!(c.versioning.write_wait, ms(10_000));
+        assert_eq!(c.versioning.max_body_bytes, 1_048_576);
+        assert_eq!(c.locks.retention, ms(5000));
+        assert_eq!(c.locks.sweep_interval, ms(60_000));
+        assert_eq!(c.tls_reload_interval, ms(10_000));
+        assert_eq!(c.api_tokens_reload_interval, ms(10_000));
     }
 
     #[test]

@@ -62,7 +62,7 @@ fn load(path: PathBuf, explicit: bool, flags: &FlagOverrides) -> Result<Validate
     // A tokens file that does not load is a configuration error too: the
     // lock API would otherwise refuse every caller.
     if let Some(path) = &validated.api_tokens_file {
-        if let Err(e) = lockstep::locks::auth::ApiTokens::load(path) {
+        if let Err(e) = lockstep::auth::ApiTokens::load(path) {
             eprintln!("lockstep: invalid configuration: locks.api_tokens_file: {e}");
             return Err(ExitCode::from(EXIT_CONFIG));
         }

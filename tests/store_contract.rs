@@ -94,6 +94,7 @@ contract!(
     renew_needs_a_live_own_lock,
     sweeping_keeps_fencing_tokens_increasing,
     fifty_concurrent_acquirers_have_one_winner,
+    the_version_store_sees_only_a_live_locks_fencing_token,
 );
 
 async fn unseen_key_is_version_1_and_reads_do_not_create_rows(s: Arc<dyn Store>) {
@@ -504,4 +505,24 @@ async fn sqlite_file_is_refused_to_a_second_store_while_the_first_lives() {
     // Dropping the store lets go of the file.
     let again = store::connect(&url, &pool(), db_metrics()).await;
     assert!(again.is_ok(), "the file stayed locked after the store went");
+}
+
+/// A refused fenced claim is explained from the version store alone: the
+/// token of the lock while it is live, nothing once released or expired.
+async fn the_version_store_sees_only_a_live_locks_fencing_token(s: Arc<dyn Store>) {
+    assert_eq!(s.fence_token("job").await.unwrap(), None);
+    let (held, _) = granted(s.acquire("job", "a", None, LONG).await.unwrap());
+    assert_eq!(
+        s.fence_token("job").await.unwrap(),
+        Some(held.fencing_token)
+    );
+    s.release("job", "a").await.unwrap();
+    assert_eq!(s.fence_token("job").await.unwrap(), None, "released");
+    granted(
+        s.acquire("job", "b", None, Duration::from_millis(50))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.fence_token("job").await.unwrap(), None, "expired");
 }

@@ -14,9 +14,8 @@
 //! fingerprint and the public label the holder chose.
 //!
 //! Callers themselves are checked first, when `locks.api_tokens_file` is
-//! set ([`auth`]).
+//! set ([`crate::auth`]).
 
-pub mod auth;
 pub mod metrics;
 pub mod openapi;
 
@@ -33,11 +32,12 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::ApiTokens;
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
 use crate::problem::Problem;
 use crate::store::wake::Topic;
-use crate::store::{Acquire, GrantKind, LockChange, LockRecord, Store};
+use crate::store::{Acquire, GrantKind, LockChange, LockRecord, LockStore, Wakeups};
 use crate::telemetry;
 use crate::timefmt::rfc3339_ms;
 use metrics::{Expiry, Grant, LockMetrics, LockOp};
@@ -49,26 +49,20 @@ const MAX_LOCK_BODY: u64 = 16 * 1024;
 /// How long a lock request body may take to arrive.
 const LOCK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Settings of the wing, from `[locks]`.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub default_ttl_ms: Option<u64>,
-    pub min_ttl_ms: u64,
-    pub max_ttl_ms: u64,
-    pub max_wait_ms: u64,
-    pub warn_held_fraction: f64,
-    pub sweep_interval: Duration,
-    pub retention: Duration,
-}
+/// Settings of the wing, from `[locks]`, as validation leaves them.
+pub use crate::config::LockSettings as Settings;
 
 /// The lock service. Cheap to clone.
 #[derive(Clone)]
 pub struct Locks {
-    store: Arc<dyn Store>,
+    /// The lock table only.
+    store: Arc<dyn LockStore>,
+    /// Wakes an acquirer waiting for a lock to be released.
+    wakeups: Wakeups,
     settings: Arc<Settings>,
     metrics: LockMetrics,
     /// When set, every call needs one of these bearer tokens.
-    tokens: Option<Arc<auth::ApiTokens>>,
+    tokens: Option<Arc<ApiTokens>>,
 }
 
 /// The members a lock request body may have.
@@ -83,13 +77,15 @@ struct LockBody {
 
 impl Locks {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LockStore>,
+        wakeups: Wakeups,
         settings: Settings,
         metrics: LockMetrics,
-        tokens: Option<Arc<auth::ApiTokens>>,
+        tokens: Option<Arc<ApiTokens>>,
     ) -> Self {
         Self {
             store,
+            wakeups,
             settings: Arc::new(settings),
             metrics,
             tokens,
@@ -102,10 +98,7 @@ impl Locks {
         let started = Instant::now();
         let method = req.method().clone();
         let uri = req.uri().clone();
-        let authorized = match &self.tokens {
-            Some(tokens) => tokens.check(req.headers()),
-            None => Ok(()),
-        };
+        let authorized = ApiTokens::authorize(self.tokens.as_deref(), req.headers());
         let (resource, result) = match authorized.and_then(|()| parse_resource(raw_resource)) {
             Err(e) => (None, Err(e)),
             Ok(resource) => {
@@ -159,7 +152,7 @@ impl Locks {
         let ttl = self.ttl_of(&body)?;
         let fingerprint = owner_fingerprint(&owner);
         let deadline = started + wait;
-        let mut waiter = self.store.wakeups().subscribe(Topic::Lock, resource);
+        let mut waiter = self.wakeups.subscribe(Topic::Lock, resource);
         let mut backoff = Duration::from_millis(10);
         loop {
             match self
@@ -417,7 +410,7 @@ impl Locks {
 
 /// Removes long-expired rows every `sweep_interval` until `shutdown`.
 pub async fn sweeper(
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     settings: Settings,
     metrics: LockMetrics,
     shutdown: CancellationToken,

@@ -28,6 +28,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::body::Body;
+use crate::config::UpstreamLimits;
 use crate::error::Error;
 use metrics::{UpstreamError, UpstreamMetrics};
 
@@ -35,13 +36,8 @@ use metrics::{UpstreamError, UpstreamMetrics};
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
     pub url: Uri,
-    pub connect_timeout: Duration,
-    pub request_timeout: Duration,
-    pub pool_idle_timeout: Duration,
-    pub pool_max_idle_per_host: usize,
-    /// A request that is not safe to repeat reuses only a connection idle
-    /// for less than this.
-    pub pool_write_reuse: Duration,
+    /// Timeouts and pool sizes, from `[upstream]`.
+    pub limits: UpstreamLimits,
     /// Trust roots for an `https://` upstream (unused for `http://`).
     pub tls: rustls::ClientConfig,
 }
@@ -148,7 +144,7 @@ pub struct Inbound<'a> {
 impl Upstream {
     pub fn new(settings: &UpstreamSettings, metrics: UpstreamMetrics) -> Self {
         let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_connect_timeout(Some(settings.limits.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
         connector.enforce_http(false);
@@ -160,7 +156,7 @@ impl Upstream {
                 .https_or_http()
                 .enable_http1()
                 .wrap_connector(connector),
-            timeout: settings.connect_timeout,
+            timeout: settings.limits.connect_timeout,
         };
         let scheme = settings.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let target = Uri::builder()
@@ -185,13 +181,13 @@ impl Upstream {
             pool: pool::Pool::new(
                 connector,
                 target,
-                settings.pool_max_idle_per_host,
-                settings.pool_idle_timeout,
-                settings.pool_write_reuse,
-                settings.request_timeout,
+                settings.limits.pool_max_idle_per_host,
+                settings.limits.pool_idle_timeout,
+                settings.limits.pool_write_reuse,
+                settings.limits.request_timeout,
             ),
             host,
-            request_timeout: settings.request_timeout,
+            request_timeout: settings.limits.request_timeout,
             tunnels: Tunnels::new(metrics.clone()),
             metrics,
         }
@@ -258,14 +254,13 @@ impl Upstream {
 
 impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
-    /// byte for byte, bodies streamed both ways, failures as 502/504.
-    /// Returns the response and, for the access log, `"proxied"` or the
-    /// problem type of the failure.
+    /// byte for byte, bodies streamed both ways. A failure is the error the
+    /// client is answered with (502/504); the caller renders it.
     pub async fn passthrough(
         &self,
         req: Request<hyper::body::Incoming>,
         inbound: Inbound<'_>,
-    ) -> (Response<Body>, &'static str) {
+    ) -> Result<Response<Body>, Error> {
         let pq = req
             .uri()
             .path_and_query()
@@ -274,17 +269,11 @@ impl Upstream {
         let mut fwd = req.map(crate::body::boxed);
         self.prepare(&mut fwd, pq, inbound);
         match self.send(fwd).await {
-            Ok(resp) => (resp.map(crate::body::boxed), "proxied"),
+            Ok(resp) => Ok(resp.map(crate::body::boxed)),
             Err(e) => {
                 tracing::warn!(error = ?e, "passthrough request failed");
-                failure(&e.to_error(self.request_timeout))
+                Err(e.to_error(self.request_timeout))
             }
         }
     }
-}
-
-fn failure(e: &Error) -> (Response<Body>, &'static str) {
-    let problem = crate::problem::Problem::from(e);
-    let kind = problem.kind;
-    (problem.into_response(), kind)
 }

@@ -142,12 +142,13 @@ impl Upstream {
     /// Forwards a WebSocket handshake (a `GET` on an unversioned route that
     /// [`headers::asks_websocket`]) and, on `101`, opens the tunnel. Any
     /// other answer passes on as a normal response. Returns the response
-    /// and, for the access log, the outcome.
+    /// and, for the access log, the outcome; a failure is the error the
+    /// client is answered with, rendered by the caller.
     pub async fn upgrade(
         &self,
         mut req: Request<Incoming>,
         inbound: Inbound<'_>,
-    ) -> (Response<Body>, &'static str) {
+    ) -> Result<(Response<Body>, &'static str), Error> {
         // Taken before the request moves on: it resolves once hyper has
         // written our 101 to the client.
         let client = hyper::upgrade::on(&mut req);
@@ -171,7 +172,7 @@ impl Upstream {
                 });
                 self.metrics.upgrade(UpgradeOutcome::Failed);
                 tracing::warn!(error = ?e, "upgrade request failed");
-                return super::failure(&e.to_error(self.request_timeout));
+                return Err(e.to_error(self.request_timeout));
             }
         };
         self.metrics.responded(started.elapsed());
@@ -188,13 +189,13 @@ impl Upstream {
                     f
                 }))
             });
-            return (resp, "upgrade-declined");
+            return Ok((resp, "upgrade-declined"));
         }
         if !headers::upgrade_names_websocket(resp.headers()) {
             // Switched, but not to what was asked: dropping the response
             // and the sender closes that connection.
             self.metrics.upgrade(UpgradeOutcome::Failed);
-            return super::failure(&Error::BadGateway(
+            return Err(Error::BadGateway(
                 "the backend answered a WebSocket handshake by switching to another protocol"
                     .into(),
             ));
@@ -205,6 +206,6 @@ impl Upstream {
         headers::keep_websocket_upgrade(&mut parts.headers);
         self.tunnels.open(client, backend, sender);
         self.metrics.upgrade(UpgradeOutcome::Tunnelled);
-        (Response::from_parts(parts, body::empty()), "tunnelled")
+        Ok((Response::from_parts(parts, body::empty()), "tunnelled"))
     }
 }

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::body::Body;
+use crate::config::ConnLimits;
 use crate::proxy::Tunnels;
 use crate::telemetry;
 
@@ -37,11 +38,8 @@ use crate::telemetry;
 #[derive(Debug, Clone)]
 pub struct ConnSettings {
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub max_header_bytes: usize,
-    pub header_read_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub max_connections: usize,
-    pub drain_timeout: Duration,
+    /// Header size, timeouts and connection count, from `[server]`.
+    pub limits: ConnLimits,
     /// Whether an HTTP/1.1 client may half-close after its request and
     /// still get the answer (RFC 9112 §9.6). The price is that a client
     /// that leaves mid-request is noticed only when the answer is written,
@@ -79,8 +77,8 @@ pub async fn serve<H: Handler>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        .max_buf_size(settings.max_header_bytes.max(8192))
+        .header_read_timeout(settings.limits.header_read_timeout)
+        .max_buf_size(settings.limits.max_header_bytes.max(8192))
         .keep_alive(true)
         // A client may close its sending side once its request is out
         // (RFC 9112 §9.6) and still expects the answer; without this,
@@ -89,8 +87,8 @@ pub async fn serve<H: Handler>(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(settings.idle_timeout / 2))
+        .max_header_list_size(u32::try_from(settings.limits.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(settings.limits.idle_timeout / 2))
         .keep_alive_timeout(Duration::from_secs(20));
     let builder = Arc::new(builder);
     let tunnels = handler.tunnels();
@@ -99,7 +97,7 @@ pub async fn serve<H: Handler>(
     // request showed up in profiles.
     let handler = Arc::new(handler);
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    let slots = Arc::new(Semaphore::new(settings.limits.max_connections.max(1)));
 
     loop {
         let permit = tokio::select! {
@@ -130,7 +128,7 @@ pub async fn serve<H: Handler>(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = settings.tls.clone();
-        let handshake_timeout = settings.header_read_timeout;
+        let handshake_timeout = settings.limits.header_read_timeout;
         tokio::spawn(async move {
             let _permit = permit;
             let Some(tls) = tls else {
@@ -155,8 +153,8 @@ pub async fn serve<H: Handler>(
         () = drained => {
             tracing::info!(listener = name, "drained");
         }
-        () = tokio::time::sleep(settings.drain_timeout) => {
-            tracing::warn!(listener = name, drain_timeout_ms = settings.drain_timeout.as_millis() as u64, "drain timed out; closing remaining connections");
+        () = tokio::time::sleep(settings.limits.drain_timeout) => {
+            tracing::warn!(listener = name, drain_timeout_ms = settings.limits.drain_timeout.as_millis() as u64, "drain timed out; closing remaining connections");
         }
     }
     if let Some(tunnels) = &tunnels {

@@ -20,9 +20,9 @@ use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
 use super::Handler;
+use crate::auth::ApiTokens;
 use crate::body::{self, Body};
 use crate::error::Error;
-use crate::locks::auth::ApiTokens;
 use crate::locks::Locks;
 use crate::metrics::{self, HttpMetrics, Metrics, RequestKind};
 use crate::problem;
@@ -145,12 +145,13 @@ impl ProxyRouter {
         inbound: Inbound<'_>,
         started: Instant,
     ) -> Response<Body> {
+        let upgraded = |result: Result<_, Error>| result.unwrap_or_else(|e| failed(&e));
         if !self.access_log {
-            return self.upstream.upgrade(req, inbound).await.0;
+            return upgraded(self.upstream.upgrade(req, inbound).await).0;
         }
         let method = req.method().clone();
         let uri = req.uri().clone();
-        let (resp, outcome) = self.upstream.upgrade(req, inbound).await;
+        let (resp, outcome) = upgraded(self.upstream.upgrade(req, inbound).await);
         log_passthrough(&method, uri.path(), &resp, outcome, started);
         resp
     }
@@ -162,15 +163,33 @@ impl ProxyRouter {
         started: Instant,
     ) -> Response<Body> {
         if !self.access_log {
-            return self.upstream.passthrough(req, inbound).await.0;
+            return forwarded(self.upstream.passthrough(req, inbound).await).0;
         }
         // Both clones share the request's buffers: no allocation.
         let method = req.method().clone();
         let uri = req.uri().clone();
-        let (resp, outcome) = self.upstream.passthrough(req, inbound).await;
+        let (resp, outcome) = forwarded(self.upstream.passthrough(req, inbound).await);
         log_passthrough(&method, uri.path(), &resp, outcome, started);
         resp
     }
+}
+
+/// A passthrough's answer and, for the access line, `"proxied"` or the
+/// problem type of its failure.
+fn forwarded(result: Result<Response<Body>, Error>) -> (Response<Body>, &'static str) {
+    match result {
+        Ok(resp) => (resp, "proxied"),
+        Err(e) => failed(&e),
+    }
+}
+
+/// A forwarding failure as the client sees it: its problem+json answer and,
+/// for the access line, its problem type. Forwarding itself knows nothing
+/// of problem+json.
+fn failed(e: &Error) -> (Response<Body>, &'static str) {
+    let problem = problem::Problem::from(e);
+    let kind = problem.kind;
+    (problem.into_response(), kind)
 }
 
 /// The access line of a request that went straight to the backend (a
@@ -259,10 +278,7 @@ impl AdminRouter {
             return (RequestKind::Locks, self.locks.handle(req, resource).await);
         }
         if let Some(raw) = path.strip_prefix("/versions/") {
-            let authorized = match &self.tokens {
-                Some(tokens) => tokens.check(req.headers()),
-                None => Ok(()),
-            };
+            let authorized = ApiTokens::authorize(self.tokens.as_deref(), req.headers());
             return (
                 RequestKind::Admin,
                 self.versioning.operate(req, raw, authorized).await,

@@ -22,6 +22,7 @@ mod pg_schema;
 pub mod postgres;
 mod sql;
 pub mod sqlite;
+mod statements;
 mod version_cache;
 mod version_ops;
 mod versions;
@@ -119,6 +120,11 @@ pub trait VersionStore: Send + Sync {
     /// A collection POST created `key`: 1 for a key never seen, else one past
     /// the version its last write or DELETE left.
     async fn created(&self, key: &str) -> Result<i64>;
+
+    /// The fencing token the lock `resource` holds while it is live, to
+    /// tell a refused fenced claim's writer why. Read by a statement of the
+    /// version table's own, so the versioning wing needs no lock store.
+    async fn fence_token(&self, resource: &str) -> Result<Option<i64>>;
 }
 
 /// A key's row as drift detection and operators see it.
@@ -244,9 +250,17 @@ pub trait LockStore: Send + Sync {
     async fn sweep(&self, retention: Duration, limit: i64) -> Result<u64>;
 }
 
-/// Everything the services need from storage.
+/// The versioning wing's half of the store: the version table, its write
+/// path and its operations, and nothing of the lock API.
+pub trait Versions: VersionStore + VersionOps {}
+
+impl<T: VersionStore + VersionOps + ?Sized> Versions for T {}
+
+/// Everything storage offers: both halves, readiness and wake-ups. The
+/// composition root holds it and hands each wing its half
+/// (`Arc<dyn Versions>`, `Arc<dyn LockStore>`) and the [`Wakeups`].
 #[async_trait]
-pub trait Store: VersionStore + VersionOps + LockStore {
+pub trait Store: Versions + LockStore {
     /// Is the database reachable and migrated?
     async fn ping(&self) -> Result<()>;
     /// Wake-ups for waiters (writes closing, locks released).

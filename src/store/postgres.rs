@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::Breaker;
-use super::sql::{Dialect, SqlStore};
+use super::sql::SqlStore;
+use super::statements::Dialect;
 use super::wake::Wakeups;
 use super::DbMetrics;
 use super::{pg_notify, pg_schema, Notify, PoolSettings};

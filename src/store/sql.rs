@@ -13,42 +13,27 @@ use std::future::Future;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::batch::{self, Arg, Batcher};
 use super::breaker::Breaker;
 use super::file_guard::FileGuard;
-use super::locks::LockSql;
+use super::statements::{Dialect, LockSql, Stmt, VersionOpsSql, VersionSql};
 use super::version_cache::VersionCache;
-use super::version_ops::VersionOpsSql;
-use super::versions::VersionSql;
 use super::{DbMetrics, PoolState};
 use super::{Store, Wakeups};
 use crate::error::{Error, Result};
 
-/// A statement and the operation name its timings are recorded under.
-pub struct Stmt {
-    pub op: &'static str,
-    pub sql: String,
-}
-
-impl Stmt {
-    pub fn new(op: &'static str, sql: String) -> Self {
-        Self { op, sql }
-    }
-}
-
-/// How one engine differs from the other.
-#[derive(Debug, Clone, Copy)]
-pub struct Dialect {
-    pub engine: &'static str,
-    /// An SQL expression for "now" on the database's clock, in integer
-    /// milliseconds since the Unix epoch, stable within one statement.
-    pub now_ms: &'static str,
-    /// Row-lock clauses that order the sweeper against acquirers (see
-    /// `locks.rs`); empty where writers are serialised anyway (SQLite).
-    pub for_share: &'static str,
-    pub for_update: &'static str,
+/// The first column of the row a statement returned, if it returned one.
+pub(super) fn first<R: Row, T>(row: Option<R>) -> Result<Option<T>>
+where
+    usize: ColumnIndex<R>,
+    T: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(match row {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
 }
 
 pub struct SqlStore<DB: Database> {

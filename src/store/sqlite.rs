@@ -17,7 +17,8 @@ use sqlx::Sqlite;
 
 use super::batch::Batcher;
 use super::file_guard::FileGuard;
-use super::sql::{Dialect, SqlStore};
+use super::sql::SqlStore;
+use super::statements::Dialect;
 use super::version_cache::VersionCache;
 use super::DbMetrics;
 use super::PoolSettings;

@@ -11,185 +11,46 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::batch::Arg;
-use super::sql::{Dialect, SqlStore, Stmt};
+use super::sql::{first, SqlStore};
+use super::statements::Stmt;
 use super::version_cache::Lookup;
 use super::wake::Topic;
 use super::{Fence, Lease, VersionState, VersionStore};
 use crate::error::Result;
 
-pub struct VersionSql {
-    current: Stmt,
-    claim_new: Stmt,
-    claim_existing: Stmt,
-    /// The two claims again, also requiring the guarding lock to hold the
-    /// writer's fencing token (`claim_fenced`).
-    claim_new_fenced: Stmt,
-    claim_existing_fenced: Stmt,
-    commit: Stmt,
-    abort_inserted: Stmt,
-    abort: Stmt,
-    bump_and_hold: Stmt,
-    created: Stmt,
-}
-
-impl VersionSql {
-    pub fn new(dialect: &Dialect) -> Self {
-        let now = dialect.now_ms;
-        let for_share = dialect.for_share;
-        Self {
-            current: Stmt::new(
-                "version_current",
-                format!(
-                    "SELECT version, lease_id, lease_until - {now} FROM versions WHERE key = $1"
-                ),
-            ),
-            // A key without a row is at version 1; only a writer expecting 1
-            // may create it (the caller checks), and a racing insert loses.
-            // The row is marked as inserted by this lease, so that a write
-            // that never happened takes it away again (`abort_inserted`).
-            claim_new: Stmt::new("version_claim_new", claim_new(now, None)),
-            claim_new_fenced: Stmt::new(
-                "version_claim_new",
-                claim_new(now, Some(&lock_holds(now, for_share, 4, 5))),
-            ),
-            claim_existing: Stmt::new("version_claim", claim_existing(now, None)),
-            claim_existing_fenced: Stmt::new(
-                "version_claim",
-                claim_existing(now, Some(&lock_holds(now, for_share, 5, 6))),
-            ),
-            // Still ours (nobody took it over): bump and release. A lease
-            // that ran out but was not taken over may still commit, one past
-            // the v+1 readers have been shown meanwhile (a reader holding v+1
-            // may hold a body from before this write).
-            commit: Stmt::new(
-                "version_commit",
-                format!(
-                    "UPDATE versions SET \
-                       version = version + 1 + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
-                       updated_at = {now}, lease_id = NULL, lease_until = NULL, lease_inserted = 0 \
-                     WHERE key = $1 AND lease_id = $2 RETURNING version"
-                ),
-            ),
-            // The key had no row before this lease's claim, and no reader has
-            // been shown anything but 1 (the lease is live): remove the row,
-            // so writes that never happened leave nothing behind. A lease
-            // that ran out was shown as version 2 and keeps its row (`abort`).
-            abort_inserted: Stmt::new(
-                "version_abort_inserted",
-                format!(
-                    "DELETE FROM versions \
-                     WHERE key = $1 AND lease_id = $2 AND lease_inserted = 1 \
-                       AND version = 1 AND lease_until > {now} \
-                     RETURNING key"
-                ),
-            ),
-            // Release without bump, unless the lease already ran out (readers
-            // were shown v+1; the version must not go back).
-            abort: Stmt::new(
-                "version_abort",
-                format!(
-                    "UPDATE versions SET \
-                       version = version + (CASE WHEN lease_until <= {now} THEN 1 ELSE 0 END), \
-                       updated_at = CASE WHEN lease_until <= {now} THEN {now} ELSE updated_at END, \
-                       lease_id = NULL, lease_until = NULL, lease_inserted = 0 \
-                     WHERE key = $1 AND lease_id = $2"
-                ),
-            ),
-            bump_and_hold: Stmt::new(
-                "version_bump_and_hold",
-                format!(
-                    "UPDATE versions SET version = version + 1, updated_at = {now}, lease_inserted = 0 \
-                     WHERE key = $1 AND lease_id = $2 RETURNING version"
-                ),
-            ),
-            // A created item: 1 if never seen, else past everything before it
-            // (an expired lease counts as the write it may have been). A free
-            // row at 1 was only ever refused a write: still "never seen".
-            created: Stmt::new(
-                "version_created",
-                format!(
-                    "INSERT INTO versions (key, version, updated_at) VALUES ($1, 1, {now}) \
-                     ON CONFLICT (key) DO UPDATE SET \
-                       version = CASE WHEN versions.version = 1 AND versions.lease_id IS NULL THEN 1 \
-                         ELSE versions.version + 1 \
-                           + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END) END, \
-                       updated_at = {now}, lease_inserted = 0, \
-                       lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
-                       lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \
-                     RETURNING version"
-                ),
-            ),
-        }
-    }
-}
-
-/// A key without a row is at version 1; only a writer expecting 1 may
-/// create it (the caller checks), and a racing insert loses. The row is
-/// marked as inserted by this lease, so that a write that never happened
-/// takes it away again (`abort_inserted`). With a `guard`, the row is
-/// inserted only where it holds, in the same statement: an INSERT of a
-/// SELECT whose WHERE is the guard (a SELECT with a WHERE clause is also
-/// what SQLite needs to read the `ON CONFLICT` after it as the upsert).
-fn claim_new(now: &str, guard: Option<&str>) -> String {
-    let row = format!("$1, 1, {now}, $2, {now} + $3, 1");
-    let source = match guard {
-        None => format!("VALUES ({row})"),
-        Some(guard) => format!("SELECT {row} WHERE {guard}"),
-    };
-    format!(
-        "INSERT INTO versions (key, version, updated_at, lease_id, lease_until, lease_inserted) \
-         {source} ON CONFLICT (key) DO NOTHING RETURNING version"
-    )
-}
-
-/// Free or expired lease, and the effective version is the one the writer
-/// holds: take the lease; an expired one costs a bump. A `guard` is one
-/// more condition of the same WHERE.
-fn claim_existing(now: &str, guard: Option<&str>) -> String {
-    let guard = guard.map(|g| format!(" AND {g}")).unwrap_or_default();
-    format!(
-        "UPDATE versions SET \
-           version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
-           updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
-           lease_id = $2, lease_until = {now} + $3, lease_inserted = 0 \
-         WHERE key = $1 \
-           AND (lease_id IS NULL OR lease_until <= {now}) \
-           AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4{guard} \
-         RETURNING version"
-    )
-}
-
-/// Fencing: the lock named by parameter `resource` is live (held, and not
-/// expired by the database's clock at this statement) and holds exactly
-/// the fencing token of parameter `token`. Checked inside the claim, so no
-/// release, expiry or takeover can fall between the check and the claim.
-///
-/// On PostgreSQL the lock row is read `FOR SHARE`: a statement otherwise
-/// reads the lock as of its snapshot, and a takeover committed meanwhile
-/// would go unseen; a locking read waits for it and checks the row as it
-/// now is, and a takeover waits for the claim. (SQLite runs one writer at
-/// a time, so it always reads the row as it is.)
-fn lock_holds(now: &str, for_share: &str, resource: u8, token: u8) -> String {
-    format!(
-        "EXISTS (SELECT 1 FROM locks WHERE resource = ${resource} \
-           AND owner IS NOT NULL AND fencing_token = ${token} AND expires_at > {now}{for_share})"
-    )
-}
-
 use Arg as A;
 
 /// The effective version and lease of a row, from its stored version, its
 /// lease id and how long the lease has left (ms, database clock).
-pub(super) fn effective(
-    version: i64,
-    lease_id: Option<String>,
-    remaining: Option<i64>,
-) -> (i64, Lease) {
+fn effective(version: i64, lease_id: Option<String>, remaining: Option<i64>) -> (i64, Lease) {
     match (lease_id, remaining) {
         (None, _) => (version, Lease::Free),
         (Some(_), Some(ms)) if ms > 0 => (version, Lease::Held { remaining_ms: ms }),
         (Some(_), _) => (version + 1, Lease::Expired),
     }
+}
+
+/// A key's state from a row whose first columns are `version, lease_id,
+/// lease_until - now`; a key without a row is at version 1, free.
+pub(super) fn state<R: Row>(row: Option<&R>) -> Result<VersionState>
+where
+    usize: ColumnIndex<R>,
+    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+{
+    let Some(row) = row else {
+        return Ok(VersionState {
+            version: 1,
+            lease: Lease::Free,
+            exists: false,
+        });
+    };
+    let (version, lease) = effective(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    Ok(VersionState {
+        version,
+        lease,
+        exists: true,
+    })
 }
 
 #[async_trait]
@@ -271,6 +132,13 @@ where
             .await
     }
 
+    async fn fence_token(&self, resource: &str) -> Result<Option<i64>> {
+        let row = self
+            .read_row(&self.versions.fence_token, vec![A::text(resource)])
+            .await?;
+        first(row)
+    }
+
     async fn created(&self, key: &str) -> Result<i64> {
         let row = self
             .write_row(&self.versions.created, vec![A::text(key)])
@@ -328,10 +196,7 @@ where
             ];
             row = self.write_row(existing, with_fence(args)).await?;
         }
-        Ok(match row {
-            Some(row) => Some(row.try_get(0)?),
-            None => None,
-        })
+        first(row)
     }
 
     /// The key's version as the database has it now.
@@ -339,22 +204,7 @@ where
         let row = self
             .read_row(&self.versions.current, vec![A::text(key)])
             .await?;
-        let Some(row) = row else {
-            return Ok(VersionState {
-                version: 1,
-                lease: Lease::Free,
-                exists: false,
-            });
-        };
-        let version: i64 = row.try_get(0)?;
-        let lease_id: Option<String> = row.try_get(1)?;
-        let remaining: Option<i64> = row.try_get(2)?;
-        let (version, lease) = effective(version, lease_id, remaining);
-        Ok(VersionState {
-            version,
-            lease,
-            exists: true,
-        })
+        state(row.as_ref())
     }
 
     async fn returning_version(
@@ -366,9 +216,6 @@ where
         let row = self
             .write_row(stmt, vec![A::text(key), A::text(lease_id)])
             .await?;
-        Ok(match row {
-            Some(row) => Some(row.try_get(0)?),
-            None => None,
-        })
+        first(row)
     }
 }

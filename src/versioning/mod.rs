@@ -70,26 +70,23 @@ use crate::problem;
 use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
 use crate::resources::{DriftPolicy, Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
-use crate::store::{Fence, Lease, Store};
+use crate::store::{Fence, Lease, Versions, Wakeups};
 use crate::telemetry;
 use metrics::{ConflictReason, UnknownOutcome, VersionMetrics};
 use precondition::Expected;
 
-/// Settings of the wing, from `[versioning]` and `[server]`.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub body_field: String,
-    pub require_precondition: bool,
-    pub conflict_status: u16,
-    pub write_lease: Duration,
-    pub write_wait: Duration,
-    pub max_body_bytes: u64,
-}
+/// Settings of the wing, from `[versioning]` and `[server]`, as
+/// validation leaves them.
+pub use crate::config::VersioningSettings as Settings;
 
 /// The versioning service. Cheap to clone.
 #[derive(Clone)]
 pub struct Versioning {
-    store: Arc<dyn Store>,
+    /// The version table only: the lock table is read solely inside the
+    /// version statements (fencing).
+    store: Arc<dyn Versions>,
+    /// Wakes a writer waiting for an in-flight write on its key.
+    wakeups: Wakeups,
     upstream: Upstream,
     resources: Arc<ResourceMap>,
     settings: Arc<Settings>,
@@ -168,7 +165,8 @@ enum Settled {
 
 impl Versioning {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Versions>,
+        wakeups: Wakeups,
         upstream: Upstream,
         resources: Arc<ResourceMap>,
         settings: Settings,
@@ -176,6 +174,7 @@ impl Versioning {
     ) -> Self {
         Self {
             store,
+            wakeups,
             upstream,
             resources,
             settings: Arc::new(settings),
@@ -517,7 +516,7 @@ impl Versioning {
         fence: Option<&Fence>,
     ) -> std::result::Result<i64, Failure> {
         let deadline = Instant::now() + self.settings.write_wait;
-        let mut waiter = self.store.wakeups().subscribe(Topic::Version, key);
+        let mut waiter = self.wakeups.subscribe(Topic::Version, key);
         let mut backoff = Duration::from_millis(10);
         loop {
             let state = self.store.current(key).await?;
@@ -589,8 +588,7 @@ impl Versioning {
         let Some(fence) = fence else {
             return Ok(());
         };
-        let lock = self.store.get(&fence.resource).await?;
-        let current = lock.map(|l| l.fencing_token);
+        let current = self.store.fence_token(&fence.resource).await?;
         if current == Some(fence.token) {
             return Ok(());
         }

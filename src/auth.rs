@@ -1,4 +1,8 @@
-//! Bearer tokens for the lock API (`locks.api_tokens_file`).
+//! Bearer tokens for the lock API and the operators' version API
+//! (`locks.api_tokens_file`).
+//!
+//! Why on the ground floor: both wings check callers with it, and neither
+//! may import the other.
 //!
 //! Why: the owner keeps a holder's lock safe from other holders, but anyone
 //! who can reach the lock API can still take free locks, wait on them and
@@ -92,6 +96,15 @@ impl ApiTokens {
         match self.current.read() {
             Ok(cur) => cur.0.clone(),
             Err(poisoned) => poisoned.into_inner().0.clone(),
+        }
+    }
+
+    /// `Ok` when no tokens are configured, or the request carries one of
+    /// them: the one check both APIs run.
+    pub fn authorize(tokens: Option<&Self>, headers: &HeaderMap) -> Result<(), Error> {
+        match tokens {
+            Some(tokens) => tokens.check(headers),
+            None => Ok(()),
         }
     }
 
