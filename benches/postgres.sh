@@ -7,9 +7,9 @@
 #
 # Rows:
 #   1 lockstep lock API        wrk + benches/lock_pairs.lua: POST + DELETE /locks/{r}
-#   2 pgbench lock SQL         lockstep's acquire + release statements (src/store/locks.rs)
+#   2 pgbench lock SQL         lockstep's acquire + release statements (src/store/statements/locks.rs)
 #   3 lockstep versioned PATCH wrk + benches/patch_items.lua: PATCH /items/<thread>, no precondition
-#   4 pgbench version SQL      claim_existing + commit (src/store/versions.rs)
+#   4 pgbench version SQL      claim_existing + commit (src/store/statements/versions.rs)
 #
 # A throwaway PostgreSQL cluster is started in a temp dir on a free port with
 # the durability defaults (fsync, synchronous_commit, full_page_writes all on),
@@ -210,7 +210,7 @@ note "Sanity: a lock acquire/release through lockstep gave 200/204; two unchecke
 # Extracts the acquire/release and claim_existing/commit format! strings from
 # the source, expands {now}, {for_share}, {own_live} and {COLUMNS} as the
 # PostgreSQL dialect does, and writes them as KEY<TAB>SQL lines.
-python3 - "$ROOT/src/store/locks.rs" "$ROOT/src/store/versions.rs" "$ROOT/src/store/postgres.rs" \
+python3 - "$ROOT/src/store/statements/locks.rs" "$ROOT/src/store/statements/versions.rs" "$ROOT/src/store/postgres.rs" \
     >"$TMP/statements.tsv" <<'EOF' || die "could not read lockstep's SQL from src/store"
 import re, sys
 
@@ -242,6 +242,10 @@ def fmt(src, name, sep=":"):
     stmt = r'(?:Stmt::new\(\s*"\w+",\s*)?'
     m = re.search(r"\b" + name + r"\s*" + sep + r"\s*" + stmt + r"format!\(\s*" + LIT, src, re.S)
     if not m:
+        # `fn name(now: &str, guard: Option<&str>) -> String { … format!("UPDATE …") }`:
+        # the statement a function builds (called without a guard: {guard} empty).
+        m = re.search(r"\bfn " + name + r"\([^)]*\)\s*->\s*String\s*\{.*?format!\(\s*(?=\"(?:UPDATE|INSERT|DELETE|SELECT))" + LIT, src, re.S)
+    if not m:
         sys.exit(f"no {name} format! string")
     return rust_str(m.group(1))
 
@@ -256,7 +260,7 @@ for_share = field(postgres, "for_share")
 m = re.search(r'const COLUMNS: &str = ' + LIT, locks)
 columns = rust_str(m.group(1))
 own_live = fmt(locks, "let own_live", "=").format(now=now)
-subst = dict(now=now, for_share=for_share, own_live=own_live, COLUMNS=columns)
+subst = dict(now=now, for_share=for_share, own_live=own_live, COLUMNS=columns, guard="")
 out = {
     "lock_acquire": fmt(locks, "acquire"),
     "lock_release": fmt(locks, "release"),
@@ -284,8 +288,9 @@ sub_params() {
 RES="('pgbench:' || :client_id)"
 OWNER="('w' || :client_id)"
 {
-    echo "-- acquire + release, each its own autocommit transaction (no BEGIN), as lockstep runs them"
-    echo "$(sub_params "$(sql_of lock_acquire)" "$RES" "$OWNER" "$LOCK_TTL_MS");"
+    echo "-- acquire + release, each its own autocommit transaction (no BEGIN), as lockstep runs them;"
+    echo "-- the 4th parameter is the label, empty as from a client that gives none (lock_pairs.lua)"
+    echo "$(sub_params "$(sql_of lock_acquire)" "$RES" "$OWNER" "$LOCK_TTL_MS" "''");"
     echo "$(sub_params "$(sql_of lock_release)" "$RES" "$OWNER");"
 } >"$TMP/locks.sql"
 
@@ -437,7 +442,7 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "## Notes"
     echo
-    echo "- The pgbench statements are read from \`src/store/locks.rs\` and \`src/store/versions.rs\` with" \
+    echo "- The pgbench statements are read from \`src/store/statements/locks.rs\` and \`src/store/statements/versions.rs\` with" \
         "\`{now}\` = \`(EXTRACT(EPOCH FROM now()) * 1000)::BIGINT\` and \`{for_share}\` = \` FOR SHARE\` as in" \
         "\`src/store/postgres.rs\`; \`\$1..\$4\` become per-client literals: resource \`'pgbench:' || :client_id\`," \
         "owner \`'w' || :client_id\`, ttl $LOCK_TTL_MS; key \`'pgbench/' || :client_id\`, lease \`'lease-' || :client_id\`," \

@@ -458,7 +458,7 @@ measure_sqlite() { # measure_sqlite ROUND
     log "sqlite-direct-$r: $LOCK_CLIENTS Python threads, ${WARMUP}s warm-up + ${DURATION}s"
     line=$(python3 "$HERE/sqlite_locks.py" --db "$TMP/direct-$r.db" \
         --schema "$ROOT/migrations/sqlite" \
-        --locks-rs "$ROOT/src/store/locks.rs" --sqlite-rs "$ROOT/src/store/sqlite.rs" \
+        --locks-rs "$ROOT/src/store/statements/locks.rs" --sqlite-rs "$ROOT/src/store/sqlite.rs" \
         --clients "$LOCK_CLIENTS" --duration "$DURATION" --warmup "$WARMUP" \
         --ttl-ms "$LOCK_TTL_MS" 2>"$TMP/sqlite-direct-$r.log" | grep '^SQLITE ') ||
         die "sqlite_locks.py failed: $(tail -5 "$TMP/sqlite-direct-$r.log")"
@@ -579,9 +579,9 @@ fi
 
 
 if [[ $S_SOURCE == extracted ]]; then
-    S_SOURCE_TEXT="read from \`src/store/locks.rs\`"
+    S_SOURCE_TEXT="read from \`src/store/statements/locks.rs\`"
 else
-    S_SOURCE_TEXT="**a copy kept in the script: reading \`src/store/locks.rs\` failed, check they still match**"
+    S_SOURCE_TEXT="**a copy kept in the script: reading \`src/store/statements/locks.rs\` failed, check they still match**"
 fi
 R_PT=$(ratio "${RPS[passthrough]}" "${RPS[nginx]}")
 R_VG=$(ratio "${RPS[versioned]}" "${RPS[nginx]}")

@@ -8,7 +8,7 @@ its own connection and its own resource, each repeating
     release  (UPDATE locks SET owner = NULL ... WHERE ... RETURNING)
 
 for a fixed time. The statements are read from lockstep's own source
-(src/store/locks.rs, with the SQLite clock expression from
+(src/store/statements/locks.rs, with the SQLite clock expression from
 src/store/sqlite.rs) so the baseline runs exactly the SQL lockstep runs; the
 schema is lockstep's SQLite migration. Connection settings match lockstep's:
 WAL journal, synchronous = FULL, busy_timeout = 5000 ms, foreign_keys on,

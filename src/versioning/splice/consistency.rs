@@ -28,7 +28,7 @@ fn resumable(doc: &[u8], field: &str, step: usize) -> Found {
 /// The fast scanner's findings for `doc` in one piece.
 fn fast(doc: &[u8], field: &str) -> Found {
     let mut members = Vec::new();
-    let summary = contiguous::scan(doc, field.as_bytes(), &mut |m| members.push(m))?;
+    let summary = contiguous::scan(doc, field, &mut |m| members.push(m))?;
     Ok((summary, members))
 }
 

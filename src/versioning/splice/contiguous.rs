@@ -21,7 +21,7 @@
 //! generated document and on the fuzz corpus. Error offsets and reasons may
 //! differ: nothing depends on them but messages.
 
-use super::{Kind, Member, ScanError, Summary, BOM, MAX_DEPTH};
+use super::{Kind, Member, ScanError, Scanner, Summary, BOM, MAX_DEPTH};
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
@@ -57,16 +57,11 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-fn err(doc: &[u8], offset: usize, reason: &'static str) -> ScanError {
-    ScanError {
-        offset: offset.min(doc.len()),
-        reason,
-    }
-}
-
-fn incomplete(doc: &[u8]) -> ScanError {
-    err(doc, doc.len(), "the document is incomplete")
-}
+/// The fast path only says *that* a document is invalid: a zero-sized
+/// error keeps every step's result in registers. Where and why are found by
+/// scanning the invalid document again with the resumable scanner.
+#[derive(Debug)]
+struct Bad;
 
 #[inline(always)]
 fn skip_ws(doc: &[u8], mut i: usize) -> usize {
@@ -79,18 +74,18 @@ fn skip_ws(doc: &[u8], mut i: usize) -> usize {
 /// The offset of the next byte past whitespace, and that byte; an error at
 /// the end.
 #[inline(always)]
-fn next_token(doc: &[u8], i: usize) -> Result<(usize, u8), ScanError> {
+fn next_token(doc: &[u8], i: usize) -> Result<(usize, u8), Bad> {
     let i = skip_ws(doc, i);
     match doc.get(i) {
         Some(&b) => Ok((i, b)),
-        None => Err(incomplete(doc)),
+        None => Err(Bad),
     }
 }
 
 /// Reads a string whose opening quote is at `i`; returns the offset past
 /// the closing quote and whether the string held any escape.
-#[inline]
-fn string(doc: &[u8], mut i: usize) -> Result<(usize, bool), ScanError> {
+#[inline(always)]
+fn string(doc: &[u8], mut i: usize) -> Result<(usize, bool), Bad> {
     i += 1;
     let mut escaped = false;
     loop {
@@ -113,46 +108,40 @@ fn string(doc: &[u8], mut i: usize) -> Result<(usize, bool), ScanError> {
                 escaped = true;
                 i = escape(doc, i)?;
             }
-            Some(_) => return Err(err(doc, i, "a control character in a string")),
-            None => return Err(incomplete(doc)),
+            Some(_) => return Err(Bad),
+            None => return Err(Bad),
         }
     }
 }
 
 /// Checks the escape whose backslash is at `at`; returns the offset past it.
-fn escape(doc: &[u8], at: usize) -> Result<usize, ScanError> {
+fn escape(doc: &[u8], at: usize) -> Result<usize, Bad> {
     match doc.get(at + 1) {
         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(at + 2),
         Some(b'u') => match hex(doc, at + 2)? {
             0xD800..=0xDBFF => {
                 if doc.get(at + 6..at + 8) != Some(b"\\u") {
-                    return Err(if doc.len() < at + 8 {
-                        incomplete(doc)
-                    } else {
-                        err(doc, at + 6, "a lone leading surrogate")
-                    });
+                    return Err(Bad);
                 }
                 if !(0xDC00..=0xDFFF).contains(&hex(doc, at + 8)?) {
-                    return Err(err(doc, at + 11, "a lone leading surrogate"));
+                    return Err(Bad);
                 }
                 Ok(at + 12)
             }
-            0xDC00..=0xDFFF => Err(err(doc, at + 5, "a lone trailing surrogate")),
+            0xDC00..=0xDFFF => Err(Bad),
             _ => Ok(at + 6),
         },
-        Some(_) => Err(err(doc, at + 1, "an invalid escape in a string")),
-        None => Err(incomplete(doc)),
+        Some(_) => Err(Bad),
+        None => Err(Bad),
     }
 }
 
 /// The four hex digits at `from`.
-fn hex(doc: &[u8], from: usize) -> Result<u32, ScanError> {
+fn hex(doc: &[u8], from: usize) -> Result<u32, Bad> {
     let mut acc = 0u32;
     for k in from..from + 4 {
-        let &b = doc.get(k).ok_or_else(|| incomplete(doc))?;
-        let d = (b as char)
-            .to_digit(16)
-            .ok_or_else(|| err(doc, k, "an invalid \\u escape"))?;
+        let &b = doc.get(k).ok_or(Bad)?;
+        let d = (b as char).to_digit(16).ok_or(Bad)?;
         acc = acc << 4 | d;
     }
     Ok(acc)
@@ -176,21 +165,20 @@ fn digits(doc: &[u8], mut i: usize) -> usize {
 
 /// Reads a number starting at `i`, exactly to RFC 8259's grammar; returns
 /// the offset past it.
-#[inline]
-fn number(doc: &[u8], mut i: usize) -> Result<usize, ScanError> {
-    let bad = |at| err(doc, at, "an invalid number");
+#[inline(always)]
+fn number(doc: &[u8], mut i: usize) -> Result<usize, Bad> {
     if doc.get(i) == Some(&b'-') {
         i += 1;
     }
     match doc.get(i) {
         Some(b'0') => i += 1,
         Some(b'1'..=b'9') => i = digits(doc, i + 1),
-        _ => return Err(bad(i)),
+        _ => return Err(Bad),
     }
     if doc.get(i) == Some(&b'.') {
         let end = digits(doc, i + 1);
         if end == i + 1 {
-            return Err(bad(end));
+            return Err(Bad);
         }
         i = end;
     }
@@ -201,7 +189,7 @@ fn number(doc: &[u8], mut i: usize) -> Result<usize, ScanError> {
         }
         let end = digits(doc, i);
         if end == i {
-            return Err(bad(end));
+            return Err(Bad);
         }
         i = end;
     }
@@ -209,21 +197,12 @@ fn number(doc: &[u8], mut i: usize) -> Result<usize, ScanError> {
 }
 
 /// Reads `word` (`true`, `false` or `null`) at `i`.
-fn literal(doc: &[u8], i: usize, word: &'static [u8]) -> Result<usize, ScanError> {
+fn literal(doc: &[u8], i: usize, word: &'static [u8]) -> Result<usize, Bad> {
     let end = i + word.len();
     if doc.get(i..end) == Some(word) {
         return Ok(end);
     }
-    let same = doc[i.min(doc.len())..]
-        .iter()
-        .zip(word)
-        .take_while(|(a, b)| a == b)
-        .count();
-    Err(if i + same >= doc.len() {
-        incomplete(doc)
-    } else {
-        err(doc, i + same, "an invalid literal")
-    })
+    Err(Bad)
 }
 
 /// The unescaped bytes of a string's contents (`raw`: between the quotes,
@@ -279,14 +258,44 @@ fn unescaped_eq(raw: &[u8], field: &[u8]) -> bool {
 }
 
 /// Scans `doc`, which holds the whole document, calling `on_member` for
-/// each member of the top-level object as its value ends.
+/// each member of the top-level object as its value ends. For an invalid
+/// document the error (where, and why) comes from the resumable scanner.
 pub(super) fn scan(
+    doc: &[u8],
+    field: &str,
+    on_member: &mut impl FnMut(Member),
+) -> Result<Summary, ScanError> {
+    match scan_fast(doc, field.as_bytes(), on_member) {
+        Ok(summary) => Ok(summary),
+        Err(Bad) => Err(explain(doc, field)),
+    }
+}
+
+/// Why `doc`, which the fast path refused, is invalid.
+#[cold]
+fn explain(doc: &[u8], field: &str) -> ScanError {
+    let mut scanner = Scanner::new(field);
+    if let Err(e) = scanner.feed(doc, &mut |_| {}) {
+        return e;
+    }
+    match scanner.finish(&mut |_| {}) {
+        Err(e) => e,
+        // Unreachable while the two scanners agree (the tests hold them to
+        // it); refuse rather than accept what the fast path refused.
+        Ok(_) => ScanError {
+            offset: 0,
+            reason: "an invalid document",
+        },
+    }
+}
+
+fn scan_fast(
     doc: &[u8],
     field: &[u8],
     on_member: &mut impl FnMut(Member),
-) -> Result<Summary, ScanError> {
-    if let Err(e) = std::str::from_utf8(doc) {
-        return Err(err(doc, e.valid_up_to(), "invalid UTF-8"));
+) -> Result<Summary, Bad> {
+    if std::str::from_utf8(doc).is_err() {
+        return Err(Bad);
     }
     let mut i = if doc.starts_with(&BOM) { BOM.len() } else { 0 };
     // Bit `d` set: the container at depth `d + 1` is an object.
@@ -304,7 +313,7 @@ pub(super) fn scan(
 
     i = skip_ws(doc, i);
     if i >= doc.len() {
-        return Err(err(doc, i, "no document"));
+        return Err(Bad);
     }
     'value: loop {
         // A value starts here (past whitespace).
@@ -313,7 +322,7 @@ pub(super) fn scan(
         let this = match b {
             b'{' | b'[' => {
                 if depth >= MAX_DEPTH {
-                    return Err(err(doc, at, "nesting too deep"));
+                    return Err(Bad);
                 }
                 let object = b == b'{';
                 if depth == 0 {
@@ -367,7 +376,7 @@ pub(super) fn scan(
                 i = literal(doc, at, b"null")?;
                 Some(Kind::Null)
             }
-            _ => return Err(err(doc, at, "expected a value")),
+            _ => return Err(Bad),
         };
         if let Some(k) = this {
             if member_value {
@@ -414,7 +423,7 @@ pub(super) fn scan(
                 }
                 b'}' if object => {}
                 b']' if !object => {}
-                _ => return Err(err(doc, at, "expected ',' or the end of the container")),
+                _ => return Err(Bad),
             }
             depth -= 1;
             if depth == 0 && object {
@@ -426,7 +435,7 @@ pub(super) fn scan(
     }
     i = skip_ws(doc, i);
     if i < doc.len() {
-        return Err(err(doc, i, "trailing characters after the document"));
+        return Err(Bad);
     }
     Ok(Summary {
         object: match (top_object, close) {
@@ -440,14 +449,14 @@ pub(super) fn scan(
 /// Reads `"key" :` whose opening quote should be at `i`; returns the
 /// offset past the colon. For a key of the top-level object, `top` says
 /// where to note its start and whether it is `field`.
-#[inline]
+#[inline(always)]
 fn key(
     doc: &[u8],
     i: usize,
     top: Option<(&[u8], &mut usize, &mut bool)>,
-) -> Result<usize, ScanError> {
+) -> Result<usize, Bad> {
     if doc.get(i) != Some(&b'"') {
-        return Err(err(doc, i, "expected a string key"));
+        return Err(Bad);
     }
     let (end, escaped) = string(doc, i)?;
     if let Some((field, key_start, is_field)) = top {
@@ -461,7 +470,7 @@ fn key(
     }
     let (colon, b) = next_token(doc, end)?;
     if b != b':' {
-        return Err(err(doc, colon, "expected ':'"));
+        return Err(Bad);
     }
     Ok(colon + 1)
 }
