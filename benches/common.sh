@@ -107,7 +107,7 @@ cleanup() {
 start() {
     local name=$1
     shift
-    setsid "$@" >"$TMP/$name.log" 2>&1 </dev/null &
+    setsid "$@" >>"$TMP/$name.log" 2>&1 </dev/null &
     PIDS+=("$!")
     LAST_PID=$!
 }
@@ -150,6 +150,21 @@ start_lockstep() {
     start lockstep "$LOCKSTEP" serve --config "$TMP/lockstep.toml"
     LOCKSTEP_PID=$LAST_PID
     wait_http lockstep "$LOCKSTEP_PID" "http://127.0.0.1:$P_ADMIN/readyz"
+}
+
+# restart_lockstep: stops lockstep (SIGTERM, a drained exit) and starts it
+# again on the same database and ports, so the next rows run in a fresh
+# process: their peak RSS is then their own load's, not what earlier rows
+# left in the allocator.
+restart_lockstep() {
+    kill -TERM "$LOCKSTEP_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        kill -0 "$LOCKSTEP_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$LOCKSTEP_PID" 2>/dev/null && die "lockstep did not exit within 10 s of SIGTERM"
+    wait "$LOCKSTEP_PID" 2>/dev/null || true
+    start_lockstep
 }
 
 # check_lock_api: one acquire (200) + release (204) on the admin listener.
