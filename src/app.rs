@@ -49,14 +49,9 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     let upstream_metrics = UpstreamMetrics::register(metrics.registry());
     let db_metrics = DbMetrics::register(metrics.registry());
 
-    let store = store::connect_with(
-        &c.database.url,
-        &cfg.pool,
-        c.database.notify,
-        db_metrics,
-    )
-    .await
-    .map_err(|e| RunError::Database(crate::error::chain(&e)))?;
+    let store = store::connect_with(&c.database.url, &cfg.pool, c.database.notify, db_metrics)
+        .await
+        .map_err(|e| RunError::Database(crate::error::chain(&e)))?;
     PoolGauges::register(metrics.registry(), store.clone());
     let metrics = Arc::new(metrics);
 

@@ -706,8 +706,8 @@ pub fn scan(
     mut on_member: impl FnMut(Member),
 ) -> Result<Summary, ScanError> {
     match chunks {
-        [] => return contiguous::scan(&[], field.as_bytes(), &mut on_member),
-        [one] => return contiguous::scan(one, field.as_bytes(), &mut on_member),
+        [] => return contiguous::scan(&[], field, &mut on_member),
+        [one] => return contiguous::scan(one, field, &mut on_member),
         _ => {}
     }
     let mut scanner = Scanner::new(field);

@@ -289,11 +289,7 @@ fn explain(doc: &[u8], field: &str) -> ScanError {
     }
 }
 
-fn scan_fast(
-    doc: &[u8],
-    field: &[u8],
-    on_member: &mut impl FnMut(Member),
-) -> Result<Summary, Bad> {
+fn scan_fast(doc: &[u8], field: &[u8], on_member: &mut impl FnMut(Member)) -> Result<Summary, Bad> {
     if std::str::from_utf8(doc).is_err() {
         return Err(Bad);
     }
@@ -450,11 +446,7 @@ fn scan_fast(
 /// offset past the colon. For a key of the top-level object, `top` says
 /// where to note its start and whether it is `field`.
 #[inline(always)]
-fn key(
-    doc: &[u8],
-    i: usize,
-    top: Option<(&[u8], &mut usize, &mut bool)>,
-) -> Result<usize, Bad> {
+fn key(doc: &[u8], i: usize, top: Option<(&[u8], &mut usize, &mut bool)>) -> Result<usize, Bad> {
     if doc.get(i) != Some(&b'"') {
         return Err(Bad);
     }
