@@ -471,32 +471,35 @@ measure_sqlite() { # measure_sqlite ROUND
     S_VERSION=$(kv "$line" sqlite_version)
 }
 
+# lockstep_http ROW ROUND URL [wrk args…]: one lockstep row, in a freshly
+# started lockstep, so that the row's peak RSS is its own load's.
+lockstep_http() {
+    local row=$1 round=$2 url=$3
+    shift 3
+    restart_lockstep
+    measure_http "$row" "$round" "$url" "$LOCKSTEP_PID" "$@"
+}
+
 for ((round = 1; round <= ROUNDS; round++)); do
     ((ROUNDS == 1)) || log "round $round of $ROUNDS"
-    # lockstep starts afresh before each group of rows (one body size, the
-    # conditional rows, the lock rows, the PATCH rows): see restart_lockstep.
+    # lockstep starts afresh before each of its rows: see restart_lockstep.
     measure_http direct "$round" "http://127.0.0.1:$P_BACKEND/articles/1" "$BACKEND_GROUP"
     measure_http nginx "$round" "http://127.0.0.1:$P_PROXY/articles/1" "$PROXY_GROUP"
-    restart_lockstep
-    measure_http passthrough "$round" "http://127.0.0.1:$P_LOCKSTEP/plain/1" "$LOCKSTEP_PID"
-    measure_http versioned "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID"
-    measure_http versioneddrift "$round" "http://127.0.0.1:$P_LOCKSTEP/drift/1" "$LOCKSTEP_PID"
+    lockstep_http passthrough "$round" "http://127.0.0.1:$P_LOCKSTEP/plain/1"
+    lockstep_http versioned "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1"
+    lockstep_http versioneddrift "$round" "http://127.0.0.1:$P_LOCKSTEP/drift/1"
     measure_http nginx2k "$round" "http://127.0.0.1:$P_PROXY/b2k/1" "$PROXY_GROUP"
-    restart_lockstep
-    measure_http passthrough2k "$round" "http://127.0.0.1:$P_LOCKSTEP/p2k/1" "$LOCKSTEP_PID"
-    measure_http versioned2k "$round" "http://127.0.0.1:$P_LOCKSTEP/b2k/1" "$LOCKSTEP_PID"
+    lockstep_http passthrough2k "$round" "http://127.0.0.1:$P_LOCKSTEP/p2k/1"
+    lockstep_http versioned2k "$round" "http://127.0.0.1:$P_LOCKSTEP/b2k/1"
     measure_http nginx64k "$round" "http://127.0.0.1:$P_PROXY/b64k/1" "$PROXY_GROUP"
-    restart_lockstep
-    measure_http passthrough64k "$round" "http://127.0.0.1:$P_LOCKSTEP/p64k/1" "$LOCKSTEP_PID"
-    measure_http versioned64k "$round" "http://127.0.0.1:$P_LOCKSTEP/b64k/1" "$LOCKSTEP_PID"
+    lockstep_http passthrough64k "$round" "http://127.0.0.1:$P_LOCKSTEP/p64k/1"
+    lockstep_http versioned64k "$round" "http://127.0.0.1:$P_LOCKSTEP/b64k/1"
     measure_http nginx1m "$round" "http://127.0.0.1:$P_PROXY/b1m/1" "$PROXY_GROUP"
-    restart_lockstep
-    measure_http passthrough1m "$round" "http://127.0.0.1:$P_LOCKSTEP/p1m/1" "$LOCKSTEP_PID"
-    measure_http versioned1m "$round" "http://127.0.0.1:$P_LOCKSTEP/b1m/1" "$LOCKSTEP_PID"
-    restart_lockstep
-    measure_http conditional "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" "$LOCKSTEP_PID" \
+    lockstep_http passthrough1m "$round" "http://127.0.0.1:$P_LOCKSTEP/p1m/1"
+    lockstep_http versioned1m "$round" "http://127.0.0.1:$P_LOCKSTEP/b1m/1"
+    lockstep_http conditional "$round" "http://127.0.0.1:$P_LOCKSTEP/articles/1" \
         -H 'If-None-Match: "1"'
-    measure_http conditional_table "$round" "http://127.0.0.1:$P_LOCKSTEP/cached/1" "$LOCKSTEP_PID" \
+    lockstep_http conditional_table "$round" "http://127.0.0.1:$P_LOCKSTEP/cached/1" \
         -H 'If-None-Match: "1"'
     restart_lockstep
     measure_locks "$round"
@@ -746,10 +749,9 @@ mkdir -p "$(dirname "$OUT")"
         "profile of each scenario: where the 2 CPUs went."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
         "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
-    echo "- lockstep is restarted (SIGTERM, then started again on the same database) before each group of rows:" \
-        "31 B (3, 4, 4e), 2 KiB, 64 KiB, 1 MiB, the conditional rows, the lock row and the PATCH row. The allocator" \
-        "keeps memory it once used, so without the restart a row's peak RSS would start from what the rows before it" \
-        "left resident; with it, a row's peak is its own load's (plus what the rows before it in its group left)."
+    echo "- lockstep is restarted (SIGTERM, then started again on the same database) before each of its rows" \
+        "(the lock row and the PATCH row included). The allocator keeps memory it once used, so without the restart a" \
+        "row's peak RSS would start from what the rows before it left resident; with it, a row's peak is its own load's."
     echo "- Lock calls through lockstep that did not answer 200 / 204: ${FAILS[locks]} (statuses: $L_STATUSES);" \
         "socket errors: ${SOCKERR[locks]}. SQLite direct: ${FAILS[sqlite]} acquires or releases that returned no row or failed."
     echo "- lockstep's database after the runs: journal_mode=$DB_MODE, $DB_VERSIONS rows in \`versions\`" \
