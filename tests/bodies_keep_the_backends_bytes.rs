@@ -272,3 +272,65 @@ async fn a_compressed_body_over_the_limit_once_decoded_passes_unchanged() {
     assert_eq!(get.header("content-encoding").as_deref(), Some("gzip"));
     assert!(decode("gzip", &get.body) == body.as_bytes());
 }
+
+/// A read whose body is the one its item was last stamped from reuses that
+/// scan; any change, even of one byte at the same length, is scanned anew.
+/// Seen from outside: every read is the backend's current bytes, stamped.
+#[tokio::test]
+async fn repeated_reads_of_a_changing_body_are_each_stamped_from_their_own_bytes() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let pad = "x".repeat(4000);
+    // The same length each time; the version member moves, and the object
+    // turns into an invalid document and an array on the way.
+    let bodies = [
+        format!(r#"{{"version":5,"a":"{pad}","b":1}}"#),
+        format!(r#"{{"version":5,"a":"{pad}","b":1}}"#),
+        format!(r#"{{"b":1,"a":"{pad}","version":5}}"#),
+        format!(r#"{{"b":1,"a":"{pad}","version":5}}"#),
+        format!(r#"{{"b":1,"a":"{pad}","version":5 "#),
+        format!(r#"["b",1,"{pad}","version",5]"#),
+        format!(r#"{{"version":5,"a":"{pad}","b":1}}"#),
+    ];
+    let mut seen = Vec::new();
+    for body in &bodies {
+        seed_raw(
+            &backend,
+            "/articles/moving",
+            "application/json",
+            body.clone(),
+        )
+        .await;
+        for _ in 0..2 {
+            let get = client
+                .get(lockstep.proxy_url_for("/articles/moving"))
+                .send()
+                .await;
+            assert_eq!(get.status, 200, "{get:?}");
+            assert_eq!(get.etag().as_deref(), Some("\"1\""));
+            seen.push(get.text());
+        }
+    }
+    let stamped_first = format!(r#"{{"version":1,"a":"{pad}","b":1}}"#);
+    let stamped_last = format!(r#"{{"b":1,"a":"{pad}","version":1}}"#);
+    let want = [
+        &stamped_first,
+        &stamped_first,
+        &stamped_last,
+        &stamped_last,
+        &bodies[4],
+        &bodies[5],
+        &stamped_first,
+    ];
+    for (n, want) in want.iter().enumerate() {
+        for k in 0..2 {
+            assert!(
+                seen[2 * n + k] == **want,
+                "read {} of body {n}: got {:.80}…",
+                k + 1,
+                seen[2 * n + k]
+            );
+        }
+    }
+}

@@ -204,7 +204,7 @@ impl Versioning {
                     outcome(seen, "not-modified"),
                 ));
             }
-            let resp = self.stamp(resp, seen, head).await?;
+            let resp = self.stamp(resp, seen, head, None).await?;
             return Ok((resp, outcome(seen, "read")));
         }
         let collected = self.buffer_response(incoming).await?;
@@ -219,7 +219,7 @@ impl Versioning {
                         outcome(seen, "not-modified"),
                     ));
                 }
-                let resp = self.stamp_parts(parts, too_large, seen, head).await;
+                let resp = self.stamp_parts(parts, too_large, seen, head, None).await;
                 return Ok((resp, outcome(seen, "read")));
             }
         };
@@ -233,7 +233,7 @@ impl Versioning {
                 ));
             }
             let resp = self
-                .stamp_parts(parts, Collected::Complete(pieces), seen, head)
+                .stamp_parts(parts, Collected::Complete(pieces), seen, head, None)
                 .await;
             return Ok((resp, outcome(seen, "read")));
         };

@@ -48,6 +48,7 @@ pub mod drift;
 pub mod fence;
 pub mod method;
 pub mod metrics;
+pub mod plan_cache;
 pub mod precondition;
 pub mod splice;
 pub mod stamp;
@@ -73,6 +74,7 @@ use crate::store::wake::Topic;
 use crate::store::{Fence, Lease, Versions, Wakeups};
 use crate::telemetry;
 use metrics::{ConflictReason, UnknownOutcome, VersionMetrics};
+use plan_cache::PlanCache;
 use precondition::Expected;
 
 /// Settings of the wing, from `[versioning]` and `[server]`, as
@@ -91,6 +93,8 @@ pub struct Versioning {
     resources: Arc<ResourceMap>,
     settings: Arc<Settings>,
     metrics: VersionMetrics,
+    /// Each item's last stamp plan, for reads of unchanged bodies.
+    plans: Arc<PlanCache>,
 }
 
 /// What happened to one versioned request, for the request log.
@@ -179,6 +183,7 @@ impl Versioning {
             resources,
             settings: Arc::new(settings),
             metrics,
+            plans: Arc::new(PlanCache::default()),
         }
     }
 
@@ -392,7 +397,10 @@ impl Versioning {
         if precondition::if_none_match_hits(&inm_headers, version) {
             return Ok((not_modified(resp, version), outcome("not-modified")));
         }
-        let resp = self.stamp(resp, version, is_head).await.at(version)?;
+        let resp = self
+            .stamp(resp, version, is_head, Some(key))
+            .await
+            .at(version)?;
         Ok((resp, outcome("read")))
     }
 
@@ -492,7 +500,7 @@ impl Versioning {
         };
         match settled {
             Settled::Committed { resp, version } => {
-                let resp = self.stamp(resp, version, false).await.at(held)?;
+                let resp = self.stamp(resp, version, false, None).await.at(held)?;
                 Ok((resp, outcome(Some(version), "committed")))
             }
             Settled::Unstamped {
@@ -832,7 +840,9 @@ impl Versioning {
                 );
             }
         };
-        let resp = self.stamp_parts(parts, buffered, version, false).await;
+        let resp = self
+            .stamp_parts(parts, buffered, version, false, None)
+            .await;
         (
             Some(key),
             Ok((
@@ -856,12 +866,15 @@ impl Versioning {
     // --------------------------------------------------------------- stamp
 
     /// Sets `ETag` and (for JSON object bodies within the limit) the body's
-    /// version field; fixes `Content-Length`.
+    /// version field; fixes `Content-Length`. A read names its key, so that
+    /// a body unchanged since its last read reuses that read's scan
+    /// ([`plan_cache`]); a write's answer is new and is not remembered.
     async fn stamp(
         &self,
         resp: Response<PooledBody>,
         version: i64,
         head: bool,
+        read_key: Option<&str>,
     ) -> Result<Response<Body>> {
         let (parts, incoming) = resp.into_parts();
         let wants_body = !self.settings.body_field.is_empty()
@@ -877,7 +890,9 @@ impl Versioning {
             return Ok(resp);
         }
         let collected = self.buffer_response(incoming).await?;
-        Ok(self.stamp_parts(parts, collected, version, head).await)
+        Ok(self
+            .stamp_parts(parts, collected, version, head, read_key)
+            .await)
     }
 
     async fn stamp_parts(
@@ -886,6 +901,7 @@ impl Versioning {
         collected: Collected,
         version: i64,
         head: bool,
+        read_key: Option<&str>,
     ) -> Response<Body> {
         set_etag(&mut parts.headers, version);
         let body = match collected {
@@ -893,7 +909,8 @@ impl Versioning {
                 let coding = coding::of(&parts.headers);
                 let stamped = match coding {
                     Ok(coding) if stamp::is_json(&parts.headers) => {
-                        self.rewrite(coding, pieces.clone(), version).await
+                        self.rewrite(coding, pieces.clone(), version, read_key)
+                            .await
                     }
                     _ => None,
                 };
@@ -934,13 +951,19 @@ impl Versioning {
         coding: Option<coding::Coding>,
         pieces: Vec<Bytes>,
         version: i64,
+        read_key: Option<&str>,
     ) -> Option<Vec<Bytes>> {
         let settings = Arc::clone(&self.settings);
+        let plans = Arc::clone(&self.plans);
+        let read_key = read_key.map(str::to_string);
         let len = pieces_len(&pieces);
         let work = move || {
             let field = &settings.body_field;
             let Some(coding) = coding else {
-                return stamp::stamp_version(&pieces, field, version);
+                return match (read_key, pieces.as_slice()) {
+                    (Some(key), [one]) => plans.stamp(&key, one, field, version),
+                    _ => stamp::stamp_version(&pieces, field, version),
+                };
             };
             let plain = coding::decode(coding, &pieces, settings.max_body_bytes).ok()??;
             let stamped = stamp::stamp_version(&plain, field, version)?;
