@@ -20,6 +20,7 @@ use crate::server::{self, ConnSettings};
 use crate::store::{self, DbMetrics, PoolGauges};
 use crate::tls::ReloadingCert;
 use crate::versioning::metrics::VersionMetrics;
+use crate::versioning::plan_cache::PlanCache;
 use crate::versioning::Versioning;
 
 /// Why lockstep could not start or run.
@@ -36,6 +37,34 @@ pub enum RunError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+}
+
+/// The two listening sockets, bound before anything is served, so a port
+/// in use stops start-up with its address.
+struct Listeners {
+    /// A std listener: each proxy worker clones it into its own runtime.
+    proxy: std::net::TcpListener,
+    proxy_addr: SocketAddr,
+    admin: TcpListener,
+    admin_addr: SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(cfg: &Validated) -> Result<Self, RunError> {
+        let on = |addr: SocketAddr| move |source| RunError::Bind { addr, source };
+        let proxy = std::net::TcpListener::bind(cfg.listen)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(on(cfg.listen))?;
+        let admin = TcpListener::bind(cfg.admin_listen)
+            .await
+            .map_err(on(cfg.admin_listen))?;
+        Ok(Self {
+            proxy_addr: proxy.local_addr().map_err(on(cfg.listen))?,
+            admin_addr: admin.local_addr().map_err(on(cfg.admin_listen))?,
+            proxy,
+            admin,
+        })
+    }
 }
 
 /// Runs lockstep until `shutdown` resolves, then drains and returns.
@@ -99,7 +128,10 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         resources.clone(),
         versioning_settings.clone(),
         version_metrics.clone(),
+        Arc::new(PlanCache::default()),
     );
+    // One plan cache for every worker: its budget is the process's.
+    let plans = Arc::new(PlanCache::default());
     let make_proxy_router = {
         let versions = versions.clone();
         let locks = locks.clone();
@@ -115,6 +147,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
                     resources.clone(),
                     versioning_settings.clone(),
                     version_metrics.clone(),
+                    plans.clone(),
                 ),
                 upstream,
                 locks: locks.clone(),
@@ -134,30 +167,12 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         metrics: metrics.clone(),
     };
 
-    let proxy_listener = std::net::TcpListener::bind(cfg.listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|source| RunError::Bind {
-            addr: cfg.listen,
-            source,
-        })?;
-    let admin_listener = TcpListener::bind(cfg.admin_listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: cfg.admin_listen,
-            source,
-        })?;
-    let proxy_addr = proxy_listener
-        .local_addr()
-        .map_err(|source| RunError::Bind {
-            addr: cfg.listen,
-            source,
-        })?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|source| RunError::Bind {
-            addr: cfg.admin_listen,
-            source,
-        })?;
+    let Listeners {
+        proxy: proxy_listener,
+        proxy_addr,
+        admin: admin_listener,
+        admin_addr,
+    } = Listeners::bind(&cfg).await?;
 
     let conn = ConnSettings {
         tls: proxy_cert

@@ -175,6 +175,7 @@ impl Versioning {
         resources: Arc<ResourceMap>,
         settings: Settings,
         metrics: VersionMetrics,
+        plans: Arc<PlanCache>,
     ) -> Self {
         Self {
             store,
@@ -183,7 +184,7 @@ impl Versioning {
             resources,
             settings: Arc::new(settings),
             metrics,
-            plans: Arc::new(PlanCache::default()),
+            plans,
         }
     }
 
@@ -707,16 +708,13 @@ impl Versioning {
                 error,
                 known_version,
             }) => {
-                if matches!(error, Error::Unavailable(_)) {
-                    tracing::error!(error = %crate::error::chain(&error), key = %key, "store unavailable");
-                }
-                let problem = problem::Problem::from(&error);
+                let (response, outcome) = problem::answer(&error);
                 let outcome = Outcome {
                     before: known_version,
                     after: None,
-                    outcome: problem.kind,
+                    outcome,
                 };
-                (problem.into_response(), outcome)
+                (response, outcome)
             }
         };
         telemetry::record_outcome(outcome.outcome, outcome.before, outcome.after);
