@@ -223,6 +223,19 @@ pub fn response(err: &Error) -> Response<Body> {
     Problem::from(err).into_response()
 }
 
+/// The answer to a request that failed with `err`, and its outcome token
+/// for the access line. A database outage is logged here as an error (in
+/// the request's span, which names the key or resource): the client sees
+/// only its 503.
+pub fn answer(err: &Error) -> (Response<Body>, &'static str) {
+    if let Error::Unavailable(source) = err {
+        tracing::error!(error = %crate::error::chain(source), "store unavailable");
+    }
+    let problem = Problem::from(err);
+    let kind = problem.kind;
+    (problem.into_response(), kind)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::ApiTokens;
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
-use crate::problem::Problem;
+use crate::problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, LockStore, Wakeups};
 use crate::telemetry;
@@ -115,14 +115,7 @@ impl Locks {
         };
         let (response, outcome) = match result {
             Ok(resp) => (resp, success_outcome(&method)),
-            Err(e) => {
-                if let Error::Unavailable(source) = &e {
-                    tracing::error!(error = %crate::error::chain(source), "lock store unavailable");
-                }
-                let problem = Problem::from(&e);
-                let outcome = problem.kind;
-                (problem.into_response(), outcome)
-            }
+            Err(e) => problem::answer(&e),
         };
         telemetry::record_outcome(outcome, None, None);
         tracing::info!(

@@ -29,7 +29,7 @@ use super::precondition::Expected;
 use super::Versioning;
 use crate::body::{self, Body};
 use crate::error::{Error, Result};
-use crate::problem::Problem;
+use crate::problem;
 use crate::resources::MAX_KEY_BYTES;
 use crate::store::Lease;
 use crate::timefmt::rfc3339_ms;
@@ -74,14 +74,7 @@ impl Versioning {
         };
         let (response, outcome) = match result {
             Ok(resp) => (resp, "ok"),
-            Err(e) => {
-                if let Error::Unavailable(source) = &e {
-                    tracing::error!(error = %crate::error::chain(source), "version store unavailable");
-                }
-                let problem = Problem::from(&e);
-                let outcome = problem.kind;
-                (problem.into_response(), outcome)
-            }
+            Err(e) => problem::answer(&e),
         };
         tracing::info!(
             target: "lockstep::request",
