@@ -57,6 +57,14 @@ use tower_service::Service;
 use super::{Connector, ForwardError};
 use crate::body::{Body, BoxError};
 
+/// The most a pooled upstream connection's read buffer grows to (hyper's
+/// default is about 400 KiB). It must hold a response's head, and 64 KiB
+/// is many times any backend's headers; a body streams through it in reads
+/// of that size. Why not the default: every idle pooled connection keeps
+/// the buffer it grew to, so large bodies left each one holding several
+/// hundred KiB.
+const READ_BUFFER_MAX: usize = 64 * 1024;
+
 /// A pool of connections to one backend. Clones share the pool.
 #[derive(Clone)]
 pub struct Pool {
@@ -302,7 +310,11 @@ impl Pool {
     async fn connect(&self) -> Result<Conn, ForwardError> {
         let io = self.open().await?;
         let socket = duplicate_socket(&io);
-        let (sender, conn) = http1::handshake(io).await.map_err(|e| not_sent(e.into()))?;
+        let (sender, conn) = http1::Builder::new()
+            .max_buf_size(READ_BUFFER_MAX)
+            .handshake(io)
+            .await
+            .map_err(|e| not_sent(e.into()))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection closed with an error");
