@@ -119,6 +119,8 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     // Each proxy worker gets its own router with its own upstream client, so
     // a request, its upstream connection and their tasks stay on one thread.
     let access_log = c.log.access_log;
+    // One plan cache for every worker: its budget is the process's.
+    let plans = Arc::new(PlanCache::default());
     // The admin listener's versioning answers operators only; its upstream
     // client is never used to forward.
     let admin_versioning = Versioning::new(
@@ -128,10 +130,8 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
         resources.clone(),
         versioning_settings.clone(),
         version_metrics.clone(),
-        Arc::new(PlanCache::default()),
+        plans.clone(),
     );
-    // One plan cache for every worker: its budget is the process's.
-    let plans = Arc::new(PlanCache::default());
     let make_proxy_router = {
         let versions = versions.clone();
         let locks = locks.clone();

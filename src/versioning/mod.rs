@@ -953,12 +953,15 @@ impl Versioning {
     ) -> Option<Vec<Bytes>> {
         let settings = Arc::clone(&self.settings);
         let plans = Arc::clone(&self.plans);
-        let read_key = read_key.map(str::to_string);
         let len = pieces_len(&pieces);
+        // Only a plain body in one piece, of a size the cache keeps.
+        let cached = read_key
+            .filter(|_| coding.is_none() && pieces.len() == 1 && PlanCache::keeps(len))
+            .map(str::to_string);
         let work = move || {
             let field = &settings.body_field;
             let Some(coding) = coding else {
-                return match (read_key, pieces.as_slice()) {
+                return match (cached, pieces.as_slice()) {
                     (Some(key), [one]) => plans.stamp(&key, one, field, version),
                     _ => stamp::stamp_version(&pieces, field, version),
                 };

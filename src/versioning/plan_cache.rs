@@ -52,11 +52,16 @@ struct Inner {
 }
 
 impl PlanCache {
+    /// Whether a body of `len` bytes is kept; others are scanned every time.
+    pub fn keeps(len: usize) -> bool {
+        (MIN_BYTES..=MAX_ENTRY_BYTES).contains(&len)
+    }
+
     /// `body` (one piece) with `field` set to `version`, as
     /// [`splice::stamp`] would make it; `None` to send it unchanged.
     pub fn stamp(&self, key: &str, body: &Bytes, field: &str, version: i64) -> Option<Vec<Bytes>> {
         let chunks = std::slice::from_ref(body);
-        if field.is_empty() || !(MIN_BYTES..=MAX_ENTRY_BYTES).contains(&body.len()) {
+        if field.is_empty() || !Self::keeps(body.len()) {
             return splice::stamp(chunks, field, version);
         }
         let plan = match self.lookup(key, body) {
