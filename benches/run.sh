@@ -283,20 +283,19 @@ for _ in 1 2; do
     [[ $CHECK_BODY == *'"version":1'* ]] || die "detect_drift GET /drift/1 body has no version: $CHECK_BODY"
 done
 # The large bodies must come back byte for byte, plus the version member:
-# on the first read of an item, on the next (its scan reused), and for the
-# items of row 4f.
-for big in b2k b64k b1m b2k b64k b1m v64k:1 v64k:2; do
-    file=${big%%:*}/1
-    [[ $big == v64k:* ]] && file=b64k/1
-    path=${big%%:*}/${big#*:}
-    [[ $big == *:* ]] || path=$big/1
-    check_get "nginx-proxy-${big%%:*}" "http://127.0.0.1:$P_PROXY/$path"
-    check_get "versioned-${big%%:*}" "http://127.0.0.1:$P_LOCKSTEP/$path"
-    [[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /$path carries ETag ${CHECK_ETAG}, expected \"1\""
-    want=$(<"$TMP/www/$file")
+# on an item's first read, on the next (its scan reused), and for the items
+# of row 4f. check_stamped PATH FILE: GET PATH is FILE with "version":1.
+check_stamped() {
+    check_get "nginx-proxy-${1%%/*}" "http://127.0.0.1:$P_PROXY/$1"
+    check_get "versioned-${1%%/*}" "http://127.0.0.1:$P_LOCKSTEP/$1"
+    [[ $CHECK_ETAG == '"1"' ]] || die "versioned GET /$1 carries ETag ${CHECK_ETAG}, expected \"1\""
+    want=$(<"$TMP/www/$2")
     want="${want%\}},\"version\":1}"
-    [[ $CHECK_BODY == "$want" ]] || die "versioned GET /$path is not the backend's bytes with \"version\":1 appended"
-done
+    [[ $CHECK_BODY == "$want" ]] || die "versioned GET /$1 is not the backend's bytes with \"version\":1 appended"
+}
+for big in b2k b64k b1m b2k b64k b1m; do check_stamped "$big/1" "$big/1"; done
+check_stamped v64k/1 b64k/1
+check_stamped v64k/2 b64k/1
 # The conditional rows must be answered 304 with the version as ETag.
 for path in articles cached; do
     hdr=$TMP/check-conditional-$path.headers
