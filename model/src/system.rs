@@ -806,7 +806,7 @@ impl Model for System {
                 // statement of its own, before the claim loop.
                 c.req = match c.write {
                     Some(Write { token: Some(_), .. }) if !r.fence_in_claim => Req::Fence,
-                    _ => Req::Current,
+                    _ => claim_loop(expected),
                 };
             }
             Action::Acquire(i) => {
@@ -1145,7 +1145,7 @@ impl System {
             Req::Fence => {
                 let w = write?;
                 if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
-                    s.clients[i].req = Req::Current;
+                    s.clients[i].req = claim_loop(w.expected);
                 } else {
                     s.history.seen |= Seen::FENCED_REFUSED;
                     s.finish(i);
@@ -1271,5 +1271,18 @@ impl System {
             }
         }
         Some(())
+    }
+}
+
+/// Where a write's claim loop starts. A write that names its version
+/// (`If-Match` or body `version`) claims at it straight away: the claim's
+/// own condition is the check, and only a refusal reads `current` to tell
+/// a stale version from a write in progress. A write without one reads
+/// `current` first, to learn the version to claim at.
+fn claim_loop(expected: Option<u8>) -> Req {
+    match expected {
+        Some(1) => Req::ClaimNew { version: 1 },
+        Some(version) => Req::ClaimExisting { version },
+        None => Req::Current,
     }
 }
