@@ -292,6 +292,51 @@ async fn counters_move_by_exactly_the_requests_made() {
     );
 }
 
+/// A write that names its version is claimed at it straight away: one
+/// claim and one commit, and the version is read only to explain a refusal.
+#[tokio::test]
+async fn a_write_that_names_its_version_reads_it_only_when_refused() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/7", json!({"title": "a"})).await;
+    let lockstep = Lockstep::builder().upstream(backend.url()).start();
+    let c = Client::new();
+    let item = lockstep.proxy_url_for("/articles/7");
+    let before = scrape(&c, &lockstep).await;
+
+    let patch = |title: &str, version: u64| {
+        c.patch(&item, json!({ "title": title }))
+            .if_match(version)
+            .send()
+    };
+    expect(&patch("b", 1).await, 200);
+    let second = patch("c", 2).await;
+    expect(&second, 200);
+    assert_eq!(second.etag_version(), Some(3), "{second:?}");
+    let stale = patch("d", 2).await;
+    expect(&stale, 409);
+    assert_eq!(stale.json()["current_version"], 3, "{stale:?}");
+
+    let after = scrape(&c, &lockstep).await;
+    let ops = "lockstep_db_query_duration_seconds_count";
+    let d = |op: &str| delta(&before, &after, ops, &[("operation", op)]);
+    assert_eq!(
+        d("version_claim_new"),
+        1.0,
+        "the first write creates the row"
+    );
+    assert_eq!(
+        d("version_claim"),
+        2.0,
+        "the second write, and the refused third"
+    );
+    assert_eq!(d("version_commit"), 2.0);
+    assert_eq!(
+        d("version_current"),
+        1.0,
+        "only the refused write reads the version"
+    );
+}
+
 #[tokio::test]
 async fn upstream_failures_and_unknown_outcomes_are_counted_by_kind() {
     let mut backend = Backend::start();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lockstep::metrics::Metrics;
 use lockstep::store::DbMetrics;
-use lockstep::store::{self, Acquire, GrantKind, Lease, LockChange, PoolSettings, Store};
+use lockstep::store::{self, Acquire, Claimed, GrantKind, Lease, LockChange, PoolSettings, Store};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -105,32 +105,65 @@ async fn unseen_key_is_version_1_and_reads_do_not_create_rows(s: Arc<dyn Store>)
 }
 
 async fn claim_commit_bumps_and_releases(s: Arc<dyn Store>) {
-    assert_eq!(s.claim("k", 1, "l1", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("k", 1, "l1", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
     let st = s.current("k").await.unwrap();
     assert_eq!(st.version, 1);
     assert!(matches!(st.lease, Lease::Held { .. }));
     assert_eq!(
-        s.claim("k", 1, "l2", LONG).await.unwrap(),
+        s.claim("k", 1, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
         None,
         "lease is held"
     );
     assert_eq!(s.commit("k", "l1").await.unwrap(), Some(2));
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (2, Lease::Free));
-    assert_eq!(s.claim("k", 2, "l3", LONG).await.unwrap(), Some(2));
+    assert_eq!(
+        s.claim("k", 2, "l3", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(2)
+    );
     assert_eq!(s.commit("k", "l3").await.unwrap(), Some(3));
 }
 
 async fn abort_keeps_the_version(s: Arc<dyn Store>) {
-    assert_eq!(s.claim("k", 1, "l1", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("k", 1, "l1", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
     s.abort("k", "l1").await.unwrap();
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (1, Lease::Free));
-    assert_eq!(s.claim("k", 1, "l2", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("k", 1, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
 }
 
 async fn an_aborted_write_leaves_no_row_where_there_was_none(s: Arc<dyn Store>) {
-    assert_eq!(s.claim("junk", 1, "l1", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("junk", 1, "l1", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
     assert!(
         s.current("junk").await.unwrap().exists,
         "the claim made a row"
@@ -139,26 +172,53 @@ async fn an_aborted_write_leaves_no_row_where_there_was_none(s: Arc<dyn Store>) 
     let st = s.current("junk").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, false));
     // The key is as if never written: the next writer creates it afresh.
-    assert_eq!(s.claim("junk", 1, "l2", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("junk", 1, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
     assert_eq!(s.commit("junk", "l2").await.unwrap(), Some(2));
 }
 
 async fn an_aborted_write_keeps_a_row_that_was_there(s: Arc<dyn Store>) {
     // A created item at version 1 keeps its row.
     assert_eq!(s.created("made").await.unwrap(), 1);
-    assert_eq!(s.claim("made", 1, "l1", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("made", 1, "l1", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
     s.abort("made", "l1").await.unwrap();
     let st = s.current("made").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, true));
     // A key past version 1 too, at its version.
-    s.claim("k", 1, "l2", LONG).await.unwrap();
+    s.claim("k", 1, "l2", LONG)
+        .await
+        .unwrap()
+        .map(|c| c.version);
     assert_eq!(s.commit("k", "l2").await.unwrap(), Some(2));
-    assert_eq!(s.claim("k", 2, "l3", LONG).await.unwrap(), Some(2));
+    assert_eq!(
+        s.claim("k", 2, "l3", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(2)
+    );
     s.abort("k", "l3").await.unwrap();
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (2, Lease::Free, true));
     // Another writer's lease is not ours to remove.
-    assert_eq!(s.claim("other", 1, "theirs", LONG).await.unwrap(), Some(1));
+    assert_eq!(
+        s.claim("other", 1, "theirs", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(1)
+    );
     s.abort("other", "mine").await.unwrap();
     let st = s.current("other").await.unwrap();
     assert!(st.exists && matches!(st.lease, Lease::Held { .. }));
@@ -181,14 +241,32 @@ async fn an_aborted_write_whose_lease_ran_out_keeps_its_bump(s: Arc<dyn Store>) 
 
 async fn stale_claims_fail(s: Arc<dyn Store>) {
     assert_eq!(
-        s.claim("k", 2, "l0", LONG).await.unwrap(),
+        s.claim("k", 2, "l0", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
         None,
         "unseen key is at 1"
     );
-    s.claim("k", 1, "l1", LONG).await.unwrap();
+    s.claim("k", 1, "l1", LONG)
+        .await
+        .unwrap()
+        .map(|c| c.version);
     s.commit("k", "l1").await.unwrap();
-    assert_eq!(s.claim("k", 1, "l2", LONG).await.unwrap(), None);
-    assert_eq!(s.claim("k", 3, "l2", LONG).await.unwrap(), None);
+    assert_eq!(
+        s.claim("k", 1, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        None
+    );
+    assert_eq!(
+        s.claim("k", 3, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        None
+    );
 }
 
 async fn expired_lease_is_taken_over_with_a_bump(s: Arc<dyn Store>) {
@@ -203,14 +281,45 @@ async fn expired_lease_is_taken_over_with_a_bump(s: Arc<dyn Store>) {
         "readers already see the bump"
     );
     assert_eq!(
-        s.claim("k", 1, "l2", LONG).await.unwrap(),
+        s.claim("k", 1, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
         None,
         "version 1 is stale now"
     );
-    assert_eq!(s.claim("k", 2, "l2", LONG).await.unwrap(), Some(2));
+    assert_eq!(
+        s.claim("k", 2, "l2", LONG).await.unwrap(),
+        Some(Claimed {
+            version: 2,
+            took_over: true
+        }),
+        "the claim says it took over, so the takeover is counted"
+    );
     assert_eq!(s.commit("k", "l2").await.unwrap(), Some(3));
+    assert_eq!(
+        s.claim("k", 3, "l3", LONG).await.unwrap(),
+        Some(Claimed {
+            version: 3,
+            took_over: false
+        }),
+        "a free lease is no takeover"
+    );
     // The dead writer's late commit finds its lease gone.
     assert_eq!(s.commit("k", "dead").await.unwrap(), None);
+    s.abort("k", "l3").await.unwrap();
+
+    // A takeover that is aborted keeps the row and the bump: the row was
+    // not inserted by that claim, and readers were shown version 2.
+    s.claim("t", 1, "dead", Duration::from_millis(60))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let taken = s.claim("t", 2, "l4", LONG).await.unwrap();
+    assert_eq!(taken.map(|c| c.took_over), Some(true));
+    s.abort("t", "l4").await.unwrap();
+    let st = s.current("t").await.unwrap();
+    assert_eq!((st.version, st.lease, st.exists), (2, Lease::Free, true));
 }
 
 async fn unknown_outcome_bumps_and_keeps_the_key_closed(s: Arc<dyn Store>) {
@@ -224,20 +333,38 @@ async fn unknown_outcome_bumps_and_keeps_the_key_closed(s: Arc<dyn Store>) {
         matches!(st.lease, Lease::Held { .. }),
         "closed until the lease runs out"
     );
-    assert_eq!(s.claim("k", 2, "l2", LONG).await.unwrap(), None);
+    assert_eq!(
+        s.claim("k", 2, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        None
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (3, Lease::Expired));
-    assert_eq!(s.claim("k", 3, "l2", LONG).await.unwrap(), Some(3));
+    assert_eq!(
+        s.claim("k", 3, "l2", LONG)
+            .await
+            .unwrap()
+            .map(|c| c.version),
+        Some(3)
+    );
 }
 
 async fn created_items_start_at_1_or_after_their_delete(s: Arc<dyn Store>) {
     assert_eq!(s.created("new/1").await.unwrap(), 1);
     // A write the backend refused leaves the key as good as unseen.
-    s.claim("refused/1", 1, "l", LONG).await.unwrap();
+    s.claim("refused/1", 1, "l", LONG)
+        .await
+        .unwrap()
+        .map(|c| c.version);
     s.abort("refused/1", "l").await.unwrap();
     assert_eq!(s.created("refused/1").await.unwrap(), 1);
-    s.claim("old/1", 1, "l", LONG).await.unwrap();
+    s.claim("old/1", 1, "l", LONG)
+        .await
+        .unwrap()
+        .map(|c| c.version);
     s.commit("old/1", "l").await.unwrap(); // the DELETE: at 2
     assert_eq!(s.created("old/1").await.unwrap(), 3);
     assert_eq!(s.current("old/1").await.unwrap().version, 3);
@@ -248,7 +375,10 @@ async fn commit_after_a_takeover_reports_lost_lease(s: Arc<dyn Store>) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    s.claim("k", 2, "fast", LONG).await.unwrap();
+    s.claim("k", 2, "fast", LONG)
+        .await
+        .unwrap()
+        .map(|c| c.version);
     assert_eq!(s.commit("k", "slow").await.unwrap(), None);
     s.abort("k", "slow").await.unwrap();
     assert_eq!(s.commit("k", "fast").await.unwrap(), Some(3));
@@ -469,7 +599,10 @@ async fn sqlite_reads_stay_current_when_every_connection_closes_between_fill_and
     let dir = tempfile::tempdir().unwrap();
     let s = sqlite_at(dir.path(), Duration::from_millis(100)).await;
     let shm = dir.path().join("store.db-shm");
-    s.claim("k", 1, "l0", LONG).await.unwrap();
+    s.claim("k", 1, "l0", LONG)
+        .await
+        .unwrap()
+        .map(|c| c.version);
     let mut written = s.commit("k", "l0").await.unwrap().unwrap();
     for round in 0..4 {
         // Fill, and see the fill served.
@@ -478,7 +611,10 @@ async fn sqlite_reads_stay_current_when_every_connection_closes_between_fill_and
         every_connection_closed(&shm).await;
         let lease = format!("l{}", round + 1);
         assert_eq!(
-            s.claim("k", written, &lease, LONG).await.unwrap(),
+            s.claim("k", written, &lease, LONG)
+                .await
+                .unwrap()
+                .map(|c| c.version),
             Some(written)
         );
         written = s.commit("k", &lease).await.unwrap().unwrap();

@@ -62,6 +62,16 @@ pub enum Lease {
     Expired,
 }
 
+/// A write lease taken by a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// The version now held.
+    pub version: i64,
+    /// The claim took over a lease that ran out uncommitted, and bumped the
+    /// version for that write (whose outcome is unknown).
+    pub took_over: bool,
+}
+
 /// The lock a fenced write presents: the lock's resource and the fencing
 /// token the writer holds (`Lock-Token`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,15 +89,15 @@ pub trait VersionStore: Send + Sync {
     /// Takes the write lease of `key` if its effective version is
     /// `expected` and no live lease exists; an expired lease is taken over
     /// with a bump (then `expected` must already count that bump, as
-    /// [`VersionState::version`] does). Returns the version now held, or
-    /// `None` when the state changed since it was read.
+    /// [`VersionState::version`] does). Returns the lease now held, or
+    /// `None` when the key is not at `expected` or its lease is live.
     async fn claim(
         &self,
         key: &str,
         expected: i64,
         lease_id: &str,
         lease: Duration,
-    ) -> Result<Option<i64>>;
+    ) -> Result<Option<Claimed>>;
 
     /// [`claim`](Self::claim), and only while the lock `fence.resource` is
     /// live and holds exactly `fence.token`: decided in the same single
@@ -100,7 +110,7 @@ pub trait VersionStore: Send + Sync {
         lease_id: &str,
         lease: Duration,
         fence: &Fence,
-    ) -> Result<Option<i64>>;
+    ) -> Result<Option<Claimed>>;
 
     /// The write happened (or may have, and the backend answered): bump the
     /// version and release the lease. `None` when the lease was lost.

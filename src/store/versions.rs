@@ -15,7 +15,7 @@ use super::sql::{first, SqlStore};
 use super::statements::Stmt;
 use super::version_cache::Lookup;
 use super::wake::Topic;
-use super::{Fence, Lease, VersionState, VersionStore};
+use super::{Claimed, Fence, Lease, VersionState, VersionStore};
 use crate::error::Result;
 
 use Arg as A;
@@ -87,7 +87,7 @@ where
         expected: i64,
         lease_id: &str,
         lease: Duration,
-    ) -> Result<Option<i64>> {
+    ) -> Result<Option<Claimed>> {
         self.claim_with(key, expected, lease_id, lease, None).await
     }
 
@@ -98,7 +98,7 @@ where
         lease_id: &str,
         lease: Duration,
         fence: &Fence,
-    ) -> Result<Option<i64>> {
+    ) -> Result<Option<Claimed>> {
         self.claim_with(key, expected, lease_id, lease, Some(fence))
             .await
     }
@@ -167,7 +167,7 @@ where
         lease_id: &str,
         lease: Duration,
         fence: Option<&Fence>,
-    ) -> Result<Option<i64>> {
+    ) -> Result<Option<Claimed>> {
         let with_fence = |mut args: Vec<Arg>| {
             if let Some(f) = fence {
                 args.push(A::text(&f.resource));
@@ -196,7 +196,16 @@ where
             ];
             row = self.write_row(existing, with_fence(args)).await?;
         }
-        first(row)
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        // The claim marks a takeover by `lease_inserted = 2` (see
+        // `claim_existing` in the statements).
+        let marker: i64 = row.try_get(1)?;
+        Ok(Some(Claimed {
+            version: row.try_get(0)?,
+            took_over: marker == 2,
+        }))
     }
 
     /// The key's version as the database has it now.

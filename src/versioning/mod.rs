@@ -517,6 +517,11 @@ impl Versioning {
     /// `write_wait`). A fenced write is claimed only while its lock holds
     /// its token; whenever it is refused, a token the lock no longer holds
     /// is the answer, ahead of a stale version or a write in progress.
+    ///
+    /// A write that names exactly one version is claimed at it straight
+    /// away: the claim's own condition (that version, no live lease) is the
+    /// check, so the common case costs one statement. Only a refusal reads
+    /// the current state, to tell a stale version from a write in progress.
     async fn claim(
         &self,
         key: &str,
@@ -526,6 +531,12 @@ impl Versioning {
     ) -> std::result::Result<i64, Failure> {
         let deadline = Instant::now() + self.settings.write_wait;
         let mut waiter = self.wakeups.subscribe(Topic::Version, key);
+        if let Some(version) = expected.exact() {
+            if let Some(held) = self.claim_at(key, version, lease_id, fence).await? {
+                return Ok(held);
+            }
+            self.check_fence(fence).await.at(version)?;
+        }
         let mut backoff = Duration::from_millis(10);
         loop {
             let state = self.store.current(key).await?;
@@ -562,17 +573,7 @@ impl Versioning {
                 backoff = (backoff * 2).min(Duration::from_millis(250));
                 continue;
             }
-            let lease = self.settings.write_lease;
-            let claimed = match fence {
-                Some(f) => self.store.claim_fenced(key, version, lease_id, lease, f),
-                None => self.store.claim(key, version, lease_id, lease),
-            };
-            if let Some(held) = claimed.await.at(version)? {
-                if state.lease == Lease::Expired {
-                    // The claim took over a lease that ran out uncommitted,
-                    // and bumped the version for that write.
-                    self.metrics.unknown_outcome(UnknownOutcome::LeaseTakeover);
-                }
+            if let Some(held) = self.claim_at(key, version, lease_id, fence).await? {
                 return Ok(held);
             }
             // The lock, or a race with another writer: tell which.
@@ -588,6 +589,31 @@ impl Versioning {
                 ));
             }
         }
+    }
+
+    /// One claim statement at `version`: the version held, or `None` when
+    /// it was refused.
+    async fn claim_at(
+        &self,
+        key: &str,
+        version: i64,
+        lease_id: &str,
+        fence: Option<&Fence>,
+    ) -> std::result::Result<Option<i64>, Failure> {
+        let lease = self.settings.write_lease;
+        let claimed = match fence {
+            Some(f) => self.store.claim_fenced(key, version, lease_id, lease, f),
+            None => self.store.claim(key, version, lease_id, lease),
+        };
+        let Some(claimed) = claimed.await.at(version)? else {
+            return Ok(None);
+        };
+        if claimed.took_over {
+            // The claim took over a lease that ran out uncommitted, and
+            // bumped the version for that write.
+            self.metrics.unknown_outcome(UnknownOutcome::LeaseTakeover);
+        }
+        Ok(Some(claimed.version))
     }
 
     /// For a fenced write that was refused: `stale-lock-token` when its

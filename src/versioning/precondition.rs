@@ -34,6 +34,15 @@ impl Expected {
         }
     }
 
+    /// The one version this write may be claimed at, when it names exactly
+    /// one (`If-Match: "7"`, or a body `version`).
+    pub fn exact(&self) -> Option<i64> {
+        match self {
+            Expected::OneOf(list) if list.len() == 1 => list.first().copied(),
+            _ => None,
+        }
+    }
+
     /// For messages and logs: what the client sent.
     pub fn describe(&self) -> String {
         match self {

@@ -136,24 +136,29 @@ fn claim_new(now: &str, guard: Option<&str>) -> String {
     };
     format!(
         "INSERT INTO versions (key, version, updated_at, lease_id, lease_until, lease_inserted) \
-         {source} ON CONFLICT (key) DO NOTHING RETURNING version"
+         {source} ON CONFLICT (key) DO NOTHING RETURNING version, CAST(lease_inserted AS BIGINT)"
     )
 }
 
 /// Free or expired lease, and the effective version is the one the writer
 /// holds: take the lease; an expired one costs a bump. A `guard` is one
-/// more condition of the same WHERE.
+/// more condition of the same WHERE. A takeover sets `lease_inserted` to 2,
+/// which tells the caller what happened (`RETURNING` sees only the new
+/// row) and, not being 1, never lets `abort_inserted` remove the row. (The
+/// cast: the column is a 32-bit `INTEGER` on PostgreSQL, and the store
+/// reads integers as 64-bit.)
 fn claim_existing(now: &str, guard: Option<&str>) -> String {
     let guard = guard.map(|g| format!(" AND {g}")).unwrap_or_default();
     format!(
         "UPDATE versions SET \
            version = version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END), \
            updated_at = CASE WHEN lease_id IS NULL THEN updated_at ELSE {now} END, \
-           lease_id = $2, lease_until = {now} + $3, lease_inserted = 0 \
+           lease_id = $2, lease_until = {now} + $3, \
+           lease_inserted = CASE WHEN lease_id IS NULL THEN 0 ELSE 2 END \
          WHERE key = $1 \
            AND (lease_id IS NULL OR lease_until <= {now}) \
            AND version + (CASE WHEN lease_id IS NULL THEN 0 ELSE 1 END) = $4{guard} \
-         RETURNING version"
+         RETURNING version, CAST(lease_inserted AS BIGINT)"
     )
 }
 
