@@ -84,12 +84,15 @@ pub async fn connect(
         .map_err(|e| sqlx::Error::Configuration(Box::new(e)))?;
     let path = guard.path().to_owned();
     let existed = path.try_exists().unwrap_or(true);
+    // The writer's statements are prepared once and kept; group commit
+    // sends each in up to four framings (see `batch::framed`), so its
+    // cache has room for four times the store's few dozen statements.
     let writer = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(1)
         .idle_timeout(settings.idle_timeout)
-        .connect_with(options.clone())
+        .connect_with(options.clone().statement_cache_capacity(400))
         .await?;
     MIGRATOR.run(&writer).await?;
     guard.pin()?;
