@@ -97,6 +97,20 @@ contract!(
     the_version_store_sees_only_a_live_locks_fencing_token,
 );
 
+/// The version a claim holds, or `None` when it was refused.
+async fn claimed(
+    s: &Arc<dyn Store>,
+    key: &str,
+    version: i64,
+    lease_id: &str,
+    lease: Duration,
+) -> Option<i64> {
+    s.claim(key, version, lease_id, lease)
+        .await
+        .unwrap()
+        .map(|c| c.version)
+}
+
 async fn unseen_key_is_version_1_and_reads_do_not_create_rows(s: Arc<dyn Store>) {
     let st = s.current("a/1").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, false));
@@ -105,65 +119,28 @@ async fn unseen_key_is_version_1_and_reads_do_not_create_rows(s: Arc<dyn Store>)
 }
 
 async fn claim_commit_bumps_and_releases(s: Arc<dyn Store>) {
-    assert_eq!(
-        s.claim("k", 1, "l1", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "k", 1, "l1", LONG).await, Some(1));
     let st = s.current("k").await.unwrap();
     assert_eq!(st.version, 1);
     assert!(matches!(st.lease, Lease::Held { .. }));
-    assert_eq!(
-        s.claim("k", 1, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        None,
-        "lease is held"
-    );
+    assert_eq!(claimed(&s, "k", 1, "l2", LONG).await, None, "lease is held");
     assert_eq!(s.commit("k", "l1").await.unwrap(), Some(2));
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (2, Lease::Free));
-    assert_eq!(
-        s.claim("k", 2, "l3", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(2)
-    );
+    assert_eq!(claimed(&s, "k", 2, "l3", LONG).await, Some(2));
     assert_eq!(s.commit("k", "l3").await.unwrap(), Some(3));
 }
 
 async fn abort_keeps_the_version(s: Arc<dyn Store>) {
-    assert_eq!(
-        s.claim("k", 1, "l1", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "k", 1, "l1", LONG).await, Some(1));
     s.abort("k", "l1").await.unwrap();
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (1, Lease::Free));
-    assert_eq!(
-        s.claim("k", 1, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "k", 1, "l2", LONG).await, Some(1));
 }
 
 async fn an_aborted_write_leaves_no_row_where_there_was_none(s: Arc<dyn Store>) {
-    assert_eq!(
-        s.claim("junk", 1, "l1", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "junk", 1, "l1", LONG).await, Some(1));
     assert!(
         s.current("junk").await.unwrap().exists,
         "the claim made a row"
@@ -172,53 +149,26 @@ async fn an_aborted_write_leaves_no_row_where_there_was_none(s: Arc<dyn Store>) 
     let st = s.current("junk").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, false));
     // The key is as if never written: the next writer creates it afresh.
-    assert_eq!(
-        s.claim("junk", 1, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "junk", 1, "l2", LONG).await, Some(1));
     assert_eq!(s.commit("junk", "l2").await.unwrap(), Some(2));
 }
 
 async fn an_aborted_write_keeps_a_row_that_was_there(s: Arc<dyn Store>) {
     // A created item at version 1 keeps its row.
     assert_eq!(s.created("made").await.unwrap(), 1);
-    assert_eq!(
-        s.claim("made", 1, "l1", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "made", 1, "l1", LONG).await, Some(1));
     s.abort("made", "l1").await.unwrap();
     let st = s.current("made").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (1, Lease::Free, true));
     // A key past version 1 too, at its version.
-    s.claim("k", 1, "l2", LONG)
-        .await
-        .unwrap()
-        .map(|c| c.version);
+    claimed(&s, "k", 1, "l2", LONG).await;
     assert_eq!(s.commit("k", "l2").await.unwrap(), Some(2));
-    assert_eq!(
-        s.claim("k", 2, "l3", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(2)
-    );
+    assert_eq!(claimed(&s, "k", 2, "l3", LONG).await, Some(2));
     s.abort("k", "l3").await.unwrap();
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease, st.exists), (2, Lease::Free, true));
     // Another writer's lease is not ours to remove.
-    assert_eq!(
-        s.claim("other", 1, "theirs", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(1)
-    );
+    assert_eq!(claimed(&s, "other", 1, "theirs", LONG).await, Some(1));
     s.abort("other", "mine").await.unwrap();
     let st = s.current("other").await.unwrap();
     assert!(st.exists && matches!(st.lease, Lease::Held { .. }));
@@ -241,32 +191,14 @@ async fn an_aborted_write_whose_lease_ran_out_keeps_its_bump(s: Arc<dyn Store>) 
 
 async fn stale_claims_fail(s: Arc<dyn Store>) {
     assert_eq!(
-        s.claim("k", 2, "l0", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
+        claimed(&s, "k", 2, "l0", LONG).await,
         None,
         "unseen key is at 1"
     );
-    s.claim("k", 1, "l1", LONG)
-        .await
-        .unwrap()
-        .map(|c| c.version);
+    claimed(&s, "k", 1, "l1", LONG).await;
     s.commit("k", "l1").await.unwrap();
-    assert_eq!(
-        s.claim("k", 1, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        None
-    );
-    assert_eq!(
-        s.claim("k", 3, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        None
-    );
+    assert_eq!(claimed(&s, "k", 1, "l2", LONG).await, None);
+    assert_eq!(claimed(&s, "k", 3, "l2", LONG).await, None);
 }
 
 async fn expired_lease_is_taken_over_with_a_bump(s: Arc<dyn Store>) {
@@ -281,10 +213,7 @@ async fn expired_lease_is_taken_over_with_a_bump(s: Arc<dyn Store>) {
         "readers already see the bump"
     );
     assert_eq!(
-        s.claim("k", 1, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
+        claimed(&s, "k", 1, "l2", LONG).await,
         None,
         "version 1 is stale now"
     );
@@ -333,38 +262,20 @@ async fn unknown_outcome_bumps_and_keeps_the_key_closed(s: Arc<dyn Store>) {
         matches!(st.lease, Lease::Held { .. }),
         "closed until the lease runs out"
     );
-    assert_eq!(
-        s.claim("k", 2, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        None
-    );
+    assert_eq!(claimed(&s, "k", 2, "l2", LONG).await, None);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let st = s.current("k").await.unwrap();
     assert_eq!((st.version, st.lease), (3, Lease::Expired));
-    assert_eq!(
-        s.claim("k", 3, "l2", LONG)
-            .await
-            .unwrap()
-            .map(|c| c.version),
-        Some(3)
-    );
+    assert_eq!(claimed(&s, "k", 3, "l2", LONG).await, Some(3));
 }
 
 async fn created_items_start_at_1_or_after_their_delete(s: Arc<dyn Store>) {
     assert_eq!(s.created("new/1").await.unwrap(), 1);
     // A write the backend refused leaves the key as good as unseen.
-    s.claim("refused/1", 1, "l", LONG)
-        .await
-        .unwrap()
-        .map(|c| c.version);
+    claimed(&s, "refused/1", 1, "l", LONG).await;
     s.abort("refused/1", "l").await.unwrap();
     assert_eq!(s.created("refused/1").await.unwrap(), 1);
-    s.claim("old/1", 1, "l", LONG)
-        .await
-        .unwrap()
-        .map(|c| c.version);
+    claimed(&s, "old/1", 1, "l", LONG).await;
     s.commit("old/1", "l").await.unwrap(); // the DELETE: at 2
     assert_eq!(s.created("old/1").await.unwrap(), 3);
     assert_eq!(s.current("old/1").await.unwrap().version, 3);
@@ -375,10 +286,7 @@ async fn commit_after_a_takeover_reports_lost_lease(s: Arc<dyn Store>) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    s.claim("k", 2, "fast", LONG)
-        .await
-        .unwrap()
-        .map(|c| c.version);
+    claimed(&s, "k", 2, "fast", LONG).await;
     assert_eq!(s.commit("k", "slow").await.unwrap(), None);
     s.abort("k", "slow").await.unwrap();
     assert_eq!(s.commit("k", "fast").await.unwrap(), Some(3));
@@ -599,10 +507,7 @@ async fn sqlite_reads_stay_current_when_every_connection_closes_between_fill_and
     let dir = tempfile::tempdir().unwrap();
     let s = sqlite_at(dir.path(), Duration::from_millis(100)).await;
     let shm = dir.path().join("store.db-shm");
-    s.claim("k", 1, "l0", LONG)
-        .await
-        .unwrap()
-        .map(|c| c.version);
+    claimed(&s, "k", 1, "l0", LONG).await;
     let mut written = s.commit("k", "l0").await.unwrap().unwrap();
     for round in 0..4 {
         // Fill, and see the fill served.
@@ -610,13 +515,7 @@ async fn sqlite_reads_stay_current_when_every_connection_closes_between_fill_and
         assert_eq!(s.current("k").await.unwrap().version, written);
         every_connection_closed(&shm).await;
         let lease = format!("l{}", round + 1);
-        assert_eq!(
-            s.claim("k", written, &lease, LONG)
-                .await
-                .unwrap()
-                .map(|c| c.version),
-            Some(written)
-        );
+        assert_eq!(claimed(&s, "k", written, &lease, LONG).await, Some(written));
         written = s.commit("k", &lease).await.unwrap().unwrap();
         every_connection_closed(&shm).await;
         assert_eq!(
