@@ -289,3 +289,58 @@ async fn a_database_file_replaced_under_lockstep_fails_closed() {
     .unwrap();
     fails_closed(&lockstep, &backend).await;
 }
+
+/// Another program holding SQLite's write lock past the busy timeout (5 s):
+/// the batch waiting for it fails as a whole, its write is refused with
+/// 503 and changes nothing (the backend is never asked), and once the lock
+/// is let go lockstep writes again (a versioned write, a lock call) on a
+/// fresh connection, without a restart.
+#[tokio::test]
+async fn a_write_lock_held_elsewhere_fails_the_batch_closed_and_then_recovers() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::start();
+    let lockstep = serving_one_item(dir.path(), &backend).await;
+    let client = Client::new();
+    let item = lockstep.proxy_url_for("/articles/1");
+
+    let mut other = sqlx::SqliteConnection::connect(&sqlite_url(dir.path()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    backend.clear_log().await;
+    let write = client
+        .patch(&item, json!({"t": 2}))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(write.status, 503, "{write:?}");
+    assert_eq!(write.json()["type"], "unavailable", "{write:?}");
+    assert!(
+        backend.log().await.is_empty(),
+        "the backend saw a write that was never claimed"
+    );
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    other.close().await.unwrap();
+
+    let read = client.get(&item).send().await;
+    assert_eq!(read.etag_version(), Some(2), "unchanged: {read:?}");
+    let write = client
+        .patch(&item, json!({"t": 3}))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(write.status, 200, "{write:?}");
+    assert_eq!(write.etag_version(), Some(3), "{write:?}");
+    let lock = client
+        .post(
+            lockstep.admin_url_for("/locks/job:1"),
+            json!({"owner": "a", "ttl_ms": 1000}),
+        )
+        .send()
+        .await;
+    assert_eq!(lock.status, 200, "{lock:?}");
+}
