@@ -211,13 +211,7 @@ async fn fails_closed(lockstep: &Lockstep, backend: &Backend) {
         backend.log().await.is_empty(),
         "the backend saw a versioned write"
     );
-    let lock = client
-        .post(
-            lockstep.admin_url_for("/locks/job:1"),
-            json!({"owner": "a", "ttl_ms": 1000}),
-        )
-        .send()
-        .await;
+    let lock = acquire_job_lock(&client, lockstep).await;
     assert_eq!(lock.status, 503, "{lock:?}");
     // A read passes, but without a version of a database that is gone.
     let read = client
@@ -242,6 +236,17 @@ async fn fails_closed(lockstep: &Lockstep, backend: &Backend) {
         "{}",
         errors[0]
     );
+}
+
+/// Asks for the lock `job:1` as owner `a` for a second.
+async fn acquire_job_lock(client: &Client, lockstep: &Lockstep) -> common::Resp {
+    client
+        .post(
+            lockstep.admin_url_for("/locks/job:1"),
+            json!({"owner": "a", "ttl_ms": 1000}),
+        )
+        .send()
+        .await
 }
 
 /// A lockstep on a fresh file in `dir` with `/articles/1` at version 2.
@@ -335,12 +340,6 @@ async fn a_write_lock_held_elsewhere_fails_the_batch_closed_and_then_recovers() 
         .await;
     assert_eq!(write.status, 200, "{write:?}");
     assert_eq!(write.etag_version(), Some(3), "{write:?}");
-    let lock = client
-        .post(
-            lockstep.admin_url_for("/locks/job:1"),
-            json!({"owner": "a", "ttl_ms": 1000}),
-        )
-        .send()
-        .await;
+    let lock = acquire_job_lock(&client, &lockstep).await;
     assert_eq!(lock.status, 200, "{lock:?}");
 }
