@@ -15,6 +15,9 @@
 //! copies of its statement in one string (see [`pieces`] for why that order
 //! is as good as the order they came in).
 
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::{mpsc, oneshot};
 
@@ -119,7 +122,21 @@ where
     String: for<'e> Encode<'e, DB> + Type<DB>,
 {
     let mut texts = Texts::default();
-    while let Some(first) = rx.recv().await {
+    let mut held: Option<(PoolConnection<DB>, Instant)> = None;
+    loop {
+        let first = match rx.try_recv() {
+            Ok(job) => job,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                // Idle: the connection goes back to the pool, where the
+                // lock sweeper's transaction may take it.
+                held = None;
+                match rx.recv().await {
+                    Some(job) => job,
+                    None => break,
+                }
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+        };
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -127,10 +144,38 @@ where
                 Err(_) => break,
             }
         }
-        match run_batch(&pool, begin, &jobs, &mut texts).await {
+        if held
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= HOLD)
+        {
+            held = None;
+        }
+        let conn = match held.take() {
+            Some(held) => Ok(held),
+            None => pool.acquire().await.map(|conn| (conn, Instant::now())),
+        };
+        let outcome = match conn {
+            Ok((mut conn, since)) => match run_batch(&mut conn, begin, &jobs, &mut texts).await {
+                Ok(results) => {
+                    held = Some((conn, since));
+                    Ok(results)
+                }
+                Err(BatchFailed { error, broken }) => {
+                    // A connection whose transaction could not even be
+                    // rolled back is not given to anyone again; any other
+                    // goes back to the pool, which checks it first.
+                    if broken {
+                        conn.detach();
+                    }
+                    Err(error)
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match outcome {
             Ok(results) => {
                 for (job, result) in jobs.into_iter().zip(results) {
-                    let _ = job.reply.send(result);
+                    let _ = job.reply.send(Ok(result));
                 }
             }
             Err(e) => {
@@ -146,6 +191,23 @@ where
     }
 }
 
+/// How long the batch task keeps the write connection from one batch to
+/// the next while jobs keep coming. Why keep it: handing it back makes sqlx
+/// ping it on its connection thread before the next batch may have it, a
+/// round trip and two task hand-overs per batch. Why not for ever: the lock
+/// sweeper's transaction takes the same connection from the pool, and
+/// under a steady write load the queue is never empty; letting go at least
+/// this often lets the sweeper in (the pool serves waiters in turn).
+const HOLD: Duration = Duration::from_millis(50);
+
+/// Why a batch failed, and whether its connection is fit to be used again.
+struct BatchFailed {
+    error: sqlx::Error,
+    /// Even the rollback failed (as it does when no transaction was open:
+    /// a failed BEGIN).
+    broken: bool,
+}
+
 /// One transaction: every statement's rows, or the error that made the
 /// whole batch fail (then nothing of it was committed).
 ///
@@ -155,11 +217,11 @@ where
 /// the statements, were most of a batch's time (a PATCH waited about 3 ms
 /// for each of its two statements with 32 writers).
 async fn run_batch<DB>(
-    pool: &Pool<DB>,
+    conn: &mut PoolConnection<DB>,
     begin: &'static str,
     jobs: &[Job<DB>],
     texts: &mut Texts,
-) -> Result<Vec<Result<Vec<<DB as Database>::Row>, sqlx::Error>>, sqlx::Error>
+) -> Result<Vec<Vec<<DB as Database>::Row>>, BatchFailed>
 where
     DB: Database,
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
@@ -167,7 +229,6 @@ where
     i64: for<'e> Encode<'e, DB> + Type<DB>,
     String: for<'e> Encode<'e, DB> + Type<DB>,
 {
-    let mut conn = pool.acquire().await?;
     let mut rows: Vec<Vec<<DB as Database>::Row>> = jobs.iter().map(|_| Vec::new()).collect();
     let pieces = pieces(jobs);
     let last = pieces.len().saturating_sub(1);
@@ -181,25 +242,21 @@ where
             .iter()
             .flat_map(|&j| jobs[j].args.iter().cloned())
             .collect();
-        if let Err(e) = run_piece::<DB>(&mut conn, sql, &args, piece, framing, &mut rows).await {
+        if let Err(error) = run_piece::<DB>(conn, sql, &args, piece, framing, &mut rows).await {
             // Some errors (disk full, I/O) end the transaction by
             // themselves, and later statements would then commit one by
             // one. The store's statements fail only for such reasons, so
             // the whole batch fails and is rolled back (a failed COMMIT
-            // too). The pool drops the connection if even the rollback
-            // fails (as it does when no transaction was open: a failed
-            // BEGIN), so the next batch starts on a clean one.
-            if sqlx::query::<DB>("ROLLBACK")
-                .execute(&mut *conn)
+            // too). A connection that cannot even roll back is dropped, so
+            // the next batch starts on a clean one.
+            let broken = sqlx::query::<DB>("ROLLBACK")
+                .execute(&mut **conn)
                 .await
-                .is_err()
-            {
-                conn.detach();
-            }
-            return Err(e);
+                .is_err();
+            return Err(BatchFailed { error, broken });
         }
     }
-    Ok(rows.into_iter().map(Ok).collect())
+    Ok(rows)
 }
 
 /// Runs one query string of a batch and hands each of its statements' rows
@@ -414,12 +471,131 @@ fn scan_params<'a>(sql: &'a str, mut each: impl FnMut(Piece<'a>)) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn framing(begin: bool, commit: bool) -> Framing {
         Framing {
             begin: begin.then_some("BEGIN IMMEDIATE"),
             commit,
+        }
+    }
+
+    /// A SQLite file with one table, behind a pool of one connection, as
+    /// the store's writer is.
+    async fn one_connection(dir: &tempfile::TempDir) -> Pool<sqlx::Sqlite> {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("batch.db"))
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (k INTEGER PRIMARY KEY, v INTEGER NOT NULL, w TEXT)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool
+    }
+
+    /// Many jobs of three statements at once: every job gets the rows of
+    /// its own statement, however the batch grouped them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_job_gets_its_own_rows() {
+        use sqlx::Row;
+        let dir = tempfile::tempdir().unwrap();
+        let pool = one_connection(&dir).await;
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), "BEGIN IMMEDIATE"));
+        let mut tasks = Vec::new();
+        for i in 0..300i64 {
+            let batcher = batcher.clone();
+            tasks.push(tokio::spawn(async move {
+                let rows = match i % 3 {
+                    0 => {
+                        let sql = "INSERT INTO t (v, w) VALUES ($1, $2) RETURNING v, w";
+                        batcher
+                            .execute(sql, vec![Arg::Int(i), Arg::Text(format!("w{i}"))])
+                            .await
+                    }
+                    1 => {
+                        let sql = "INSERT INTO t (v) VALUES ($1) RETURNING v, 'one'";
+                        batcher.execute(sql, vec![Arg::Int(i)]).await
+                    }
+                    // No rows at all.
+                    _ => {
+                        batcher
+                            .execute("UPDATE t SET v = v WHERE k < 0", Vec::new())
+                            .await
+                    }
+                }
+                .unwrap();
+                (i, rows)
+            }));
+        }
+        for task in tasks {
+            let (i, rows) = task.await.unwrap();
+            match i % 3 {
+                0 | 1 => {
+                    assert_eq!(rows.len(), 1, "job {i}");
+                    assert_eq!(rows[0].get::<i64, _>(0), i);
+                    let w: String = rows[0].get(1);
+                    assert_eq!(
+                        w,
+                        if i % 3 == 0 {
+                            format!("w{i}")
+                        } else {
+                            "one".into()
+                        }
+                    );
+                }
+                _ => assert!(rows.is_empty(), "job {i}: {} rows", rows.len()),
+            }
+        }
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(count, 200);
+    }
+
+    /// While jobs keep coming, the batch task keeps the write connection,
+    /// but for no longer than [`HOLD`] at a time: another user of the pool
+    /// (the lock sweeper) gets it while the queue is still full.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_connection_is_let_go_while_jobs_keep_coming() {
+        const JOBS: usize = 50_000;
+        let dir = tempfile::tempdir().unwrap();
+        let pool = one_connection(&dir).await;
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), "BEGIN IMMEDIATE"));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..JOBS {
+            let (batcher, done) = (batcher.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let sql = "INSERT INTO t (v) VALUES ($1)";
+                batcher
+                    .execute(sql, vec![Arg::Int(i as i64)])
+                    .await
+                    .unwrap();
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }));
+        }
+        // Let the batches start, then ask the pool for the connection.
+        while done.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let conn = pool.acquire().await.unwrap();
+        let finished = done.load(std::sync::atomic::Ordering::Relaxed);
+        drop(conn);
+        assert!(
+            finished < JOBS / 2,
+            "the pool handed out the connection only once {finished} of {JOBS} jobs were done"
+        );
+        for task in tasks {
+            task.await.unwrap();
         }
     }
 
