@@ -518,8 +518,9 @@ async fn tokens_stay_unique_while_the_sweeper_runs(db: DbKind) {
 /// out. On SQLite the sweeper's transaction needs the one write connection
 /// that the group commit keeps from batch to batch while jobs keep coming
 /// (for at most `HOLD`, which `store::batch`'s own test checks with a queue
-/// that never empties): here the sweeper must get it over and over, about
-/// every 20 ms of the run, and never time out waiting.
+/// that never empties): here the sweeper, due every 20 ms, must get it over
+/// and over during the run (at least 10 sweeps that removed rows; a starved
+/// one manages none) and never time out waiting.
 async fn expired_rows_are_swept_while_clients_acquire_and_release_flat_out(db: DbKind) {
     const CLIENTS: usize = 32;
     let db = Db::fresh(db).await;
@@ -555,7 +556,7 @@ async fn expired_rows_are_swept_while_clients_acquire_and_release_flat_out(db: D
         pairs += t.await.unwrap();
     }
     assert!(
-        pairs > 200,
+        pairs > 50,
         "too little load to mean anything: {pairs} pairs"
     );
     let lines = ls.log_lines();
@@ -569,7 +570,7 @@ async fn expired_rows_are_swept_while_clients_acquire_and_release_flat_out(db: D
         .filter(|l| l["target"] == "lockstep::locks" && l["fields"]["removed"].as_u64() > Some(0))
         .count();
     assert!(
-        sweeps >= 20,
+        sweeps >= 10,
         "{sweeps} sweeps removed rows during {pairs} acquire+release pairs in {run_for:?}"
     );
 }
