@@ -155,7 +155,8 @@ where
             None => pool.acquire().await.map(|conn| (conn, Instant::now())),
         };
         let outcome = match conn {
-            Ok((mut conn, since)) => match run_batch(&mut conn, begin, &jobs, &mut texts).await {
+            Ok((mut conn, since)) => match run_batch(&mut conn, begin, &mut jobs, &mut texts).await
+            {
                 Ok(results) => {
                     held = Some((conn, since));
                     Ok(results)
@@ -219,7 +220,7 @@ struct BatchFailed {
 async fn run_batch<DB>(
     conn: &mut PoolConnection<DB>,
     begin: &'static str,
-    jobs: &[Job<DB>],
+    jobs: &mut [Job<DB>],
     texts: &mut Texts,
 ) -> Result<Vec<Vec<<DB as Database>::Row>>, BatchFailed>
 where
@@ -230,7 +231,7 @@ where
     String: for<'e> Encode<'e, DB> + Type<DB>,
 {
     let mut rows: Vec<Vec<<DB as Database>::Row>> = jobs.iter().map(|_| Vec::new()).collect();
-    let pieces = pieces(jobs);
+    let pieces = pieces(jobs, texts);
     let last = pieces.len().saturating_sub(1);
     for (i, piece) in pieces.iter().enumerate() {
         let framing = Framing {
@@ -238,9 +239,10 @@ where
             commit: i == last,
         };
         let sql = texts.get(&jobs[piece[0]].sql, piece.len(), framing);
+        // Each job's arguments are sent once: taken, not copied.
         let args: Vec<Arg> = piece
             .iter()
-            .flat_map(|&j| jobs[j].args.iter().cloned())
+            .flat_map(|&j| std::mem::take(&mut jobs[j].args))
             .collect();
         if let Err(error) = run_piece::<DB>(conn, sql, &args, piece, framing, &mut rows).await {
             // Some errors (disk full, I/O) end the transaction by
@@ -323,11 +325,11 @@ const MAX_PIECE: usize = 16;
 /// database before or after any other (they are concurrent), and each
 /// statement is still evaluated whole, after the ones before it. The
 /// protocol model lets a batch's statements run in every order.
-fn pieces<DB: Database>(jobs: &[Job<DB>]) -> Vec<Vec<usize>> {
+fn pieces<DB: Database>(jobs: &[Job<DB>], texts: &mut Texts) -> Vec<Vec<usize>> {
     let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
     let mut pieces = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        if params(&job.sql) != job.args.len() {
+        if texts.params(&job.sql) != job.args.len() {
             pieces.push(vec![i]);
             continue;
         }
@@ -357,28 +359,62 @@ struct Framing {
 }
 
 /// The query strings sent so far, kept so each batch reuses the very text
-/// (and so the prepared statements) of the batches before it. Bounded by
-/// the store's statements × piece sizes × framings.
+/// (and so the prepared statements) of the batches before it, and each
+/// statement's parameter count. Bounded by the store's statements × piece
+/// sizes × framings.
 #[derive(Default)]
 struct Texts {
-    known: std::collections::HashMap<(String, usize, Framing), String>,
+    /// Where each statement's entry is in `entries`.
+    index: std::collections::HashMap<String, usize>,
+    entries: Vec<Known>,
+}
+
+/// What [`Texts`] keeps of one statement.
+struct Known {
+    params: usize,
+    texts: std::collections::HashMap<(usize, Framing), String>,
 }
 
 impl Texts {
-    fn get(&mut self, sql: &str, copies: usize, framing: Framing) -> &str {
-        // Statements are a fixed set; the bound is only a guard.
-        if self.known.len() > 4096 {
-            self.known.clear();
+    /// Where `sql`'s entry is, made on first sight (the lookup by `&str`
+    /// allocates nothing once it is known).
+    fn slot(&mut self, sql: &str) -> usize {
+        if let Some(&i) = self.index.get(sql) {
+            return i;
         }
-        self.known
-            .entry((sql.to_string(), copies, framing))
-            .or_insert_with(|| text(sql, copies, framing))
+        // Statements are a fixed set; the bound is only a guard.
+        if self.entries.len() >= 256 {
+            self.index.clear();
+            self.entries.clear();
+        }
+        self.entries.push(Known {
+            params: params(sql),
+            texts: std::collections::HashMap::new(),
+        });
+        self.index.insert(sql.to_string(), self.entries.len() - 1);
+        self.entries.len() - 1
+    }
+
+    /// The highest `$n` parameter of `sql`.
+    fn params(&mut self, sql: &str) -> usize {
+        let i = self.slot(sql);
+        self.entries[i].params
+    }
+
+    fn get(&mut self, sql: &str, copies: usize, framing: Framing) -> &str {
+        let i = self.slot(sql);
+        let known = &mut self.entries[i];
+        let n = known.params;
+        known
+            .texts
+            .entry((copies, framing))
+            .or_insert_with(|| text(sql, n, copies, framing))
     }
 }
 
-/// `copies` copies of `sql`, the parameters of each numbered on from the
-/// one before (`$1` of the second copy is `$(n + 1)`, for a statement of
-/// `n` parameters), framed by BEGIN and COMMIT as asked.
+/// `copies` copies of `sql`, a statement of `n` parameters, the
+/// parameters of each numbered on from the one before (`$1` of the second
+/// copy is `$(n + 1)`), framed by BEGIN and COMMIT as asked.
 ///
 /// Why it can be done this way: SQLite runs the parts of a query string one
 /// after another and stops at the first that fails, and sqlx binds `$n` to
@@ -387,8 +423,7 @@ impl Texts {
 /// (launchbadge/sqlx#3108): an upgrade that drops it fails every store
 /// test at once, since every write goes through here, and the fallback is
 /// to send the statements one by one.
-fn text(sql: &str, copies: usize, framing: Framing) -> String {
-    let n = params(sql);
+fn text(sql: &str, n: usize, copies: usize, framing: Framing) -> String {
     let mut out = String::with_capacity((sql.len() + 2) * copies + 40);
     if let Some(begin) = framing.begin {
         out.push_str(begin);
@@ -604,12 +639,12 @@ mod tests {
         let sql = "UPDATE t SET v = $2 WHERE k = $1 AND v = $2";
         assert_eq!(params(sql), 2);
         assert_eq!(
-            text(sql, 3, framing(true, true)),
+            text(sql, 2, 3, framing(true, true)),
             "BEGIN IMMEDIATE; UPDATE t SET v = $2 WHERE k = $1 AND v = $2; \
              UPDATE t SET v = $4 WHERE k = $3 AND v = $4; \
              UPDATE t SET v = $6 WHERE k = $5 AND v = $6; COMMIT"
         );
-        assert_eq!(text(sql, 1, framing(false, false)), sql);
+        assert_eq!(text(sql, 2, 1, framing(false, false)), sql);
     }
 
     #[test]
@@ -634,7 +669,7 @@ mod tests {
         }
         // Its arguments do not match its parameters: alone.
         jobs.push(job("A $1", 2));
-        let pieces = pieces(&jobs);
+        let pieces = pieces(&jobs, &mut Texts::default());
         let sizes: Vec<usize> = pieces.iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![1, 4, 2, 1, 8, 4, 2]);
         let mut all: Vec<usize> = pieces.concat();
