@@ -18,28 +18,23 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 
-use super::batch::{query, Arg as A};
 use super::sql::SqlStore;
+use super::values::{query, Arg as A, Values};
 use super::wake::Topic;
 use super::{Acquire, GrantKind, LockChange, LockRecord, LockStore};
 use crate::error::Result;
 
-fn record<R: Row>(row: &R) -> Result<LockRecord>
-where
-    usize: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
+fn record(row: &Values) -> Result<LockRecord> {
     Ok(LockRecord {
-        resource: row.try_get(0)?,
-        owner: row.try_get(1)?,
-        fencing_token: row.try_get(2)?,
-        acquired_at_ms: row.try_get(3)?,
-        expires_at_ms: row.try_get(4)?,
-        label: row.try_get(5)?,
-        now_ms: row.try_get(6)?,
+        resource: row.get(0)?,
+        owner: row.get(1)?,
+        fencing_token: row.get(2)?,
+        acquired_at_ms: row.get(3)?,
+        expires_at_ms: row.get(4)?,
+        label: row.get(5)?,
+        now_ms: row.get(6)?,
     })
 }
 
@@ -50,6 +45,7 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
@@ -77,8 +73,8 @@ where
                 .await?;
             if let Some(row) = row {
                 let lock = record(&row)?;
-                let prev_owner: Option<String> = row.try_get(7)?;
-                let prev_expires: Option<i64> = row.try_get(8)?;
+                let prev_owner: Option<String> = row.get(7)?;
+                let prev_expires: Option<i64> = row.get(8)?;
                 let kind = match (prev_owner, prev_expires) {
                     (Some(p), Some(exp)) if p == owner && exp > lock.now_ms => GrantKind::Refreshed,
                     (Some(p), Some(exp)) => GrantKind::Reclaimed {
@@ -164,6 +160,7 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {

@@ -13,25 +13,22 @@ use std::future::Future;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::batch::{self, Arg, Batcher};
+use super::batch::Batcher;
 use super::breaker::Breaker;
 use super::file_guard::FileGuard;
 use super::statements::{Dialect, LockSql, Stmt, VersionOpsSql, VersionSql};
+use super::values::{self, Arg, FromValue, Values};
 use super::version_cache::VersionCache;
 use super::{DbMetrics, PoolState};
 use super::{Store, Wakeups};
 use crate::error::{Error, Result};
 
 /// The first column of the row a statement returned, if it returned one.
-pub(super) fn first<R: Row, T>(row: Option<R>) -> Result<Option<T>>
-where
-    usize: ColumnIndex<R>,
-    T: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
+pub(super) fn first<T: FromValue>(row: Option<Values>) -> Result<Option<T>> {
     Ok(match row {
-        Some(row) => Some(row.try_get(0)?),
+        Some(row) => Some(row.get(0)?),
         None => None,
     })
 }
@@ -47,7 +44,7 @@ pub struct SqlStore<DB: Database> {
     pub(super) writer: Pool<DB>,
     /// Group commit for the writes (SQLite), or `None` to run each write
     /// on `writer` as its own transaction (PostgreSQL).
-    pub(super) batcher: Option<Batcher<DB>>,
+    pub(super) batcher: Option<Batcher>,
     pub(super) versions: VersionSql,
     pub(super) ops: VersionOpsSql,
     pub(super) locks: LockSql,
@@ -71,7 +68,7 @@ impl<DB: Database> SqlStore<DB> {
     pub fn new(
         readers: Pool<DB>,
         writer: Pool<DB>,
-        batcher: Option<Batcher<DB>>,
+        batcher: Option<Batcher>,
         dialect: Dialect,
         metrics: DbMetrics,
     ) -> Self {
@@ -163,30 +160,24 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
     /// A read: at most one row, from the reader pool.
-    pub(super) async fn read_row(
-        &self,
-        stmt: &Stmt,
-        args: Vec<Arg>,
-    ) -> Result<Option<<DB as Database>::Row>> {
+    pub(super) async fn read_row(&self, stmt: &Stmt, args: Vec<Arg>) -> Result<Option<Values>> {
         self.same_file()?;
         self.timed(stmt.op, async {
-            Ok(batch::query::<DB>(&stmt.sql, &args)
+            let row = values::query::<DB>(&stmt.sql, &args)
                 .fetch_optional(&self.readers)
-                .await?)
+                .await?;
+            Ok(row.as_ref().map(Values::from_row).transpose()?)
         })
         .await
     }
 
     /// A conditional write: its `RETURNING` rows, once durable.
-    pub(super) async fn write_rows(
-        &self,
-        stmt: &Stmt,
-        args: Vec<Arg>,
-    ) -> Result<Vec<<DB as Database>::Row>> {
+    pub(super) async fn write_rows(&self, stmt: &Stmt, args: Vec<Arg>) -> Result<Vec<Values>> {
         self.same_file()?;
         // Whatever the outcome (a failed commit may still have landed), no
         // cached version read before this write is served while it may land
@@ -197,22 +188,19 @@ where
         self.timed(stmt.op, async {
             Ok(match &self.batcher {
                 Some(b) => b.execute(&stmt.sql, args).await?,
-                None => {
-                    batch::query::<DB>(&stmt.sql, &args)
-                        .fetch_all(&self.writer)
-                        .await?
-                }
+                None => values::query::<DB>(&stmt.sql, &args)
+                    .fetch_all(&self.writer)
+                    .await?
+                    .iter()
+                    .map(Values::from_row)
+                    .collect::<Result<_, _>>()?,
             })
         })
         .await
     }
 
     /// A conditional write that returns at most one row.
-    pub(super) async fn write_row(
-        &self,
-        stmt: &Stmt,
-        args: Vec<Arg>,
-    ) -> Result<Option<<DB as Database>::Row>> {
+    pub(super) async fn write_row(&self, stmt: &Stmt, args: Vec<Arg>) -> Result<Option<Values>> {
         Ok(self.write_rows(stmt, args).await?.into_iter().next())
     }
 }
@@ -224,6 +212,7 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {

@@ -84,19 +84,15 @@ pub async fn connect(
         .map_err(|e| sqlx::Error::Configuration(Box::new(e)))?;
     let path = guard.path().to_owned();
     let existed = path.try_exists().unwrap_or(true);
-    // The writer's statements are prepared once and kept; group commit
-    // sends each write statement as up to 20 texts (five run lengths, four
-    // framings: see `batch::pieces`), so its cache has room for 20 texts
-    // of each of the store's 18 or so write statements, and the reads of
-    // start-up and the sweeper. A text of 16 copies holds 16 prepared
-    // statements: what the loads of `benches/` use of them cost about
-    // 3–5 MiB (peak RSS 15–17 → 20 MiB under the lock and PATCH loads).
+    // The writer runs the migrations and the lock sweeper through sqlx, and
+    // the group commit through SQLite's own API (`batch.rs`), which keeps
+    // its own prepared statements while it holds the connection.
     let writer = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)
         .max_connections(1)
         .idle_timeout(settings.idle_timeout)
-        .connect_with(options.clone().statement_cache_capacity(400))
+        .connect_with(options.clone())
         .await?;
     MIGRATOR.run(&writer).await?;
     guard.pin()?;
@@ -114,7 +110,7 @@ pub async fn connect(
         .idle_timeout(settings.idle_timeout)
         .connect_with(options)
         .await?;
-    let batcher = Batcher::spawn(writer.clone(), "BEGIN IMMEDIATE");
+    let batcher = Batcher::spawn(writer.clone())?;
     Ok(
         SqlStore::new(readers, writer, Some(batcher), DIALECT, metrics)
             .with_version_cache(Some(VersionCache::new()))

@@ -8,10 +8,10 @@
 //! it, and forget it by moving the version on.
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 
-use super::batch::Arg as A;
 use super::sql::{first, SqlStore};
+use super::values::Arg as A;
 use super::versions::state;
 use super::{PrefixBatch, VersionDetail, VersionOps};
 use crate::error::Result;
@@ -23,6 +23,7 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
@@ -38,8 +39,8 @@ where
         };
         Ok(VersionDetail {
             state,
-            updated_at_ms: Some(row.try_get(3)?),
-            body_hash: row.try_get(4)?,
+            updated_at_ms: Some(row.get(3)?),
+            body_hash: row.get(4)?,
         })
     }
 

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 
-use super::batch::Arg;
 use super::sql::{first, SqlStore};
 use super::statements::Stmt;
+use super::values::{Arg, Values};
 use super::version_cache::Lookup;
 use super::wake::Topic;
 use super::{Claimed, Fence, Lease, VersionState, VersionStore};
@@ -32,12 +32,7 @@ fn effective(version: i64, lease_id: Option<String>, remaining: Option<i64>) -> 
 
 /// A key's state from a row whose first columns are `version, lease_id,
 /// lease_until - now`; a key without a row is at version 1, free.
-pub(super) fn state<R: Row>(row: Option<&R>) -> Result<VersionState>
-where
-    usize: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
+pub(super) fn state(row: Option<&Values>) -> Result<VersionState> {
     let Some(row) = row else {
         return Ok(VersionState {
             version: 1,
@@ -45,7 +40,7 @@ where
             exists: false,
         });
     };
-    let (version, lease) = effective(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    let (version, lease) = effective(row.get(0)?, row.get(1)?, row.get(2)?);
     Ok(VersionState {
         version,
         lease,
@@ -60,6 +55,7 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
@@ -144,7 +140,7 @@ where
             .write_row(&self.versions.created, vec![A::text(key)])
             .await?
             .ok_or(sqlx::Error::RowNotFound)?;
-        Ok(row.try_get(0)?)
+        Ok(row.get(0)?)
     }
 }
 
@@ -154,6 +150,7 @@ where
     for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<<DB as Database>::Row>,
 {
@@ -201,9 +198,9 @@ where
         };
         // The claim marks a takeover by `lease_inserted = 2` (see
         // `claim_existing` in the statements).
-        let marker: i64 = row.try_get(1)?;
+        let marker: i64 = row.get(1)?;
         Ok(Some(Claimed {
-            version: row.try_get(0)?,
+            version: row.get(0)?,
             took_over: marker == 2,
         }))
     }
