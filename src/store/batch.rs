@@ -26,7 +26,6 @@ use rusqlite::types::ValueRef;
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Sqlite};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc::{self, error::TryRecvError};
 use tokio::sync::oneshot;
 
 use super::values::{Arg, Value, Values};
@@ -63,7 +62,7 @@ struct Job {
 
 /// Handle to the thread that runs the writes.
 pub struct Batcher {
-    tx: mpsc::Sender<Job>,
+    tx: flume::Sender<Job>,
 }
 
 impl Batcher {
@@ -72,7 +71,7 @@ impl Batcher {
     /// whenever it has work, and waits on the pool and on sqlx through the
     /// current Tokio runtime.
     pub fn spawn(pool: Pool<Sqlite>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
+        let (tx, rx) = flume::bounded(4 * MAX_BATCH);
         let runtime = Handle::current();
         std::thread::Builder::new()
             .name("lockstep-writer".into())
@@ -90,7 +89,7 @@ impl Batcher {
             reply,
         };
         self.tx
-            .send(job)
+            .send_async(job)
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
         rx.await.map_err(|_| sqlx::Error::PoolClosed)?
@@ -99,15 +98,16 @@ impl Batcher {
 
 /// The batch thread: waits for work, takes the connection, runs batches
 /// while work keeps coming ([`hold`]), gives the connection back.
-fn run(runtime: &Handle, pool: &Pool<Sqlite>, mut rx: mpsc::Receiver<Job>) {
-    // sqlx and Tokio's timers find the runtime through this (a pooled
-    // connection going back to its pool, for one).
+fn run(runtime: &Handle, pool: &Pool<Sqlite>, rx: flume::Receiver<Job>) {
+    // sqlx finds the runtime through this (a pooled connection going back
+    // to its pool, for one). The thread waits on the queue without it, so
+    // an idle batch thread does not care when the runtime shuts down.
     let _context = runtime.enter();
-    while let Some(first) = rx.blocking_recv() {
-        let jobs = gather(first, &mut rx);
+    while let Ok(first) = rx.recv() {
+        let jobs = gather(first, &rx);
         match runtime.block_on(pool.acquire()) {
             Ok(mut conn) => {
-                if hold(runtime, &mut conn, jobs, &mut rx) == Fit::Broken {
+                if hold(runtime, &mut conn, jobs, &rx) == Fit::Broken {
                     // Not given to anyone again: the pool opens a new one.
                     conn.detach();
                 }
@@ -118,7 +118,7 @@ fn run(runtime: &Handle, pool: &Pool<Sqlite>, mut rx: mpsc::Receiver<Job>) {
 }
 
 /// `first` and whatever else is queued, up to a batch.
-fn gather(first: Job, rx: &mut mpsc::Receiver<Job>) -> Vec<Job> {
+fn gather(first: Job, rx: &flume::Receiver<Job>) -> Vec<Job> {
     let mut jobs = Vec::with_capacity(MAX_BATCH.min(rx.len() + 1));
     jobs.push(first);
     while jobs.len() < MAX_BATCH {
@@ -146,7 +146,7 @@ fn hold(
     runtime: &Handle,
     conn: &mut PoolConnection<Sqlite>,
     mut jobs: Vec<Job>,
-    rx: &mut mpsc::Receiver<Job>,
+    rx: &flume::Receiver<Job>,
 ) -> Fit {
     let mut locked = match runtime.block_on(conn.lock_handle()) {
         Ok(locked) => locked,
@@ -184,15 +184,10 @@ fn hold(
         if fit == Fit::Broken || since.elapsed() >= HOLD {
             break fit;
         }
-        let next = match rx.try_recv() {
+        let next = match rx.recv_timeout(LINGER) {
             Ok(job) => job,
-            Err(TryRecvError::Disconnected) => break Fit::Fit,
-            Err(TryRecvError::Empty) => {
-                match runtime.block_on(async { tokio::time::timeout(LINGER, rx.recv()).await }) {
-                    Ok(Some(job)) => job,
-                    Ok(None) | Err(_) => break Fit::Fit,
-                }
-            }
+            // Nothing came (or every handle is gone): let go.
+            Err(_) => break Fit::Fit,
         };
         jobs = gather(next, rx);
     };
