@@ -335,6 +335,24 @@ async fn a_write_that_names_its_version_reads_it_only_when_refused() {
         1.0,
         "only the refused write reads the version"
     );
+
+    // On SQLite those five write statements went through the group commit,
+    // in one to five batches; PostgreSQL has none.
+    let statements = delta(&before, &after, "lockstep_db_batch_statements_sum", &[]);
+    let batches = delta(&before, &after, "lockstep_db_batch_statements_count", &[]);
+    let timed = delta(
+        &before,
+        &after,
+        "lockstep_db_batch_duration_seconds_count",
+        &[],
+    );
+    if lockstep.database_url().starts_with("sqlite") {
+        assert_eq!(statements, 5.0);
+        assert!((1.0..=5.0).contains(&batches), "{batches} batches");
+        assert_eq!(timed, batches);
+    } else {
+        assert_eq!((statements, batches), (0.0, 0.0));
+    }
 }
 
 #[tokio::test]

@@ -29,6 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::values::{Arg, Value, Values};
+use super::DbMetrics;
 
 /// The most statements one transaction carries.
 const MAX_BATCH: usize = 64;
@@ -69,13 +70,18 @@ impl Batcher {
     /// Starts the batch thread; it ends once every handle is dropped. It
     /// takes the write connection from `pool` (SQLite, one connection)
     /// whenever it has work, and waits on the pool and on sqlx through the
-    /// current Tokio runtime.
-    pub fn spawn(pool: Pool<Sqlite>) -> std::io::Result<Self> {
+    /// current Tokio runtime. Each batch's size and time go to `metrics`.
+    pub fn spawn(pool: Pool<Sqlite>, metrics: DbMetrics) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded(4 * MAX_BATCH);
         let runtime = Handle::current();
+        let writer = Writer {
+            runtime,
+            pool,
+            metrics,
+        };
         std::thread::Builder::new()
             .name("lockstep-writer".into())
-            .spawn(move || run(&runtime, &pool, rx))?;
+            .spawn(move || writer.run(rx))?;
         Ok(Self { tx })
     }
 
@@ -96,24 +102,96 @@ impl Batcher {
     }
 }
 
-/// The batch thread: waits for work, takes the connection, runs batches
-/// while work keeps coming ([`hold`]), gives the connection back.
-fn run(runtime: &Handle, pool: &Pool<Sqlite>, rx: flume::Receiver<Job>) {
-    // sqlx finds the runtime through this (a pooled connection going back
-    // to its pool, for one). The thread waits on the queue without it, so
-    // an idle batch thread does not care when the runtime shuts down.
-    let _context = runtime.enter();
-    while let Ok(first) = rx.recv() {
-        let jobs = gather(first, &rx);
-        match runtime.block_on(pool.acquire()) {
-            Ok(mut conn) => {
-                if hold(runtime, &mut conn, jobs, &rx) == Fit::Broken {
-                    // Not given to anyone again: the pool opens a new one.
-                    conn.detach();
+/// What the batch thread works with.
+struct Writer {
+    runtime: Handle,
+    pool: Pool<Sqlite>,
+    metrics: DbMetrics,
+}
+
+impl Writer {
+    /// The batch thread: waits for work, takes the connection, runs
+    /// batches while work keeps coming ([`hold`](Self::hold)), gives the
+    /// connection back.
+    fn run(self, rx: flume::Receiver<Job>) {
+        // sqlx finds the runtime through this (a pooled connection going
+        // back to its pool, for one). The thread waits on the queue without
+        // it, so an idle batch thread does not care when the runtime shuts
+        // down.
+        let _context = self.runtime.enter();
+        while let Ok(first) = rx.recv() {
+            let jobs = gather(first, &rx);
+            match self.runtime.block_on(self.pool.acquire()) {
+                Ok(mut conn) => {
+                    if self.hold(&mut conn, jobs, &rx) == Fit::Broken {
+                        // Not given to anyone again: the pool opens a new one.
+                        conn.detach();
+                    }
                 }
+                Err(e) => answer(jobs, Err(e)),
             }
-            Err(e) => answer(jobs, Err(e)),
         }
+    }
+
+    /// One stretch with the write connection in hand: `jobs` and the batches
+    /// after it, for as long as jobs keep coming but no longer than [`HOLD`].
+    #[allow(unsafe_code)] // the one `unsafe` of lockstep; its proof is below
+    fn hold(
+        &self,
+        conn: &mut PoolConnection<Sqlite>,
+        mut jobs: Vec<Job>,
+        rx: &flume::Receiver<Job>,
+    ) -> Fit {
+        let mut locked = match self.runtime.block_on(conn.lock_handle()) {
+            Ok(locked) => locked,
+            Err(e) => {
+                answer(jobs, Err(e));
+                return Fit::Broken;
+            }
+        };
+        // SAFETY: the handle is the open connection `conn` owns, and sqlx makes
+        // no call on it or its statements while `locked` lives
+        // (`LockedSqliteHandle::as_raw_handle`); `db` is dropped below, before
+        // `locked`, and `conn` outlives both. `db` never leaves this thread
+        // (rusqlite's `Connection` is not `Send`), so the handle is used by one
+        // thread at a time, as SQLite's multi-thread mode requires. It does not
+        // own the handle: dropping it finalizes only the statements it prepared
+        // and leaves the connection open (rusqlite 0.32, `from_handle`), and
+        // with rusqlite's `hooks` features off it neither installs nor removes
+        // any hook.
+        let db = match unsafe { rusqlite::Connection::from_handle(locked.as_raw_handle().as_ptr()) }
+        {
+            Ok(db) => db,
+            Err(e) => {
+                answer(jobs, Err(sqlite_error(e)));
+                return Fit::Fit;
+            }
+        };
+        db.set_prepared_statement_cache_capacity(PREPARED);
+        let since = Instant::now();
+        let fit = loop {
+            let started = Instant::now();
+            let outcome = run_batch(&db, &jobs);
+            self.metrics.observe_batch(jobs.len(), started.elapsed());
+            let fit = match &outcome {
+                Err(failed) if failed.broken => Fit::Broken,
+                _ => Fit::Fit,
+            };
+            answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
+            if fit == Fit::Broken || since.elapsed() >= HOLD {
+                break fit;
+            }
+            let next = match rx.recv_timeout(LINGER) {
+                Ok(job) => job,
+                // Nothing came (or every handle is gone): let go.
+                Err(_) => break Fit::Fit,
+            };
+            jobs = gather(next, rx);
+        };
+        // Its statements are finalized while the handle is still ours.
+        drop(db);
+        drop(locked);
+        fit
     }
 }
 
@@ -137,64 +215,6 @@ enum Fit {
     /// It is stuck in a transaction it could not roll back, or sqlx's
     /// thread for it is gone.
     Broken,
-}
-
-/// One stretch with the write connection in hand: `jobs` and the batches
-/// after it, for as long as jobs keep coming but no longer than [`HOLD`].
-#[allow(unsafe_code)] // the one `unsafe` of lockstep; its proof is below
-fn hold(
-    runtime: &Handle,
-    conn: &mut PoolConnection<Sqlite>,
-    mut jobs: Vec<Job>,
-    rx: &flume::Receiver<Job>,
-) -> Fit {
-    let mut locked = match runtime.block_on(conn.lock_handle()) {
-        Ok(locked) => locked,
-        Err(e) => {
-            answer(jobs, Err(e));
-            return Fit::Broken;
-        }
-    };
-    // SAFETY: the handle is the open connection `conn` owns, and sqlx makes
-    // no call on it or its statements while `locked` lives
-    // (`LockedSqliteHandle::as_raw_handle`); `db` is dropped below, before
-    // `locked`, and `conn` outlives both. `db` never leaves this thread
-    // (rusqlite's `Connection` is not `Send`), so the handle is used by one
-    // thread at a time, as SQLite's multi-thread mode requires. It does not
-    // own the handle: dropping it finalizes only the statements it prepared
-    // and leaves the connection open (rusqlite 0.32, `from_handle`), and
-    // with rusqlite's `hooks` features off it neither installs nor removes
-    // any hook.
-    let db = match unsafe { rusqlite::Connection::from_handle(locked.as_raw_handle().as_ptr()) } {
-        Ok(db) => db,
-        Err(e) => {
-            answer(jobs, Err(sqlite_error(e)));
-            return Fit::Fit;
-        }
-    };
-    db.set_prepared_statement_cache_capacity(PREPARED);
-    let since = Instant::now();
-    let fit = loop {
-        let outcome = run_batch(&db, &jobs);
-        let fit = match &outcome {
-            Err(failed) if failed.broken => Fit::Broken,
-            _ => Fit::Fit,
-        };
-        answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
-        if fit == Fit::Broken || since.elapsed() >= HOLD {
-            break fit;
-        }
-        let next = match rx.recv_timeout(LINGER) {
-            Ok(job) => job,
-            // Nothing came (or every handle is gone): let go.
-            Err(_) => break Fit::Fit,
-        };
-        jobs = gather(next, rx);
-    };
-    // Its statements are finalized while the handle is still ours.
-    drop(db);
-    drop(locked);
-    fit
 }
 
 /// Sends each job its rows, or each the batch's error.
@@ -314,6 +334,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn metrics() -> DbMetrics {
+        DbMetrics::register(&mut prometheus_client::registry::Registry::default())
+    }
+
     /// A SQLite file with one table, behind a pool of one connection, as
     /// the store's writer is.
     async fn one_connection(dir: &tempfile::TempDir) -> Pool<Sqlite> {
@@ -340,7 +364,7 @@ mod tests {
     async fn every_job_gets_its_own_rows() {
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone()).unwrap());
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics()).unwrap());
         let mut tasks = Vec::new();
         for i in 0..300i64 {
             let batcher = batcher.clone();
@@ -410,7 +434,7 @@ mod tests {
         // Park the batch thread on the pool with a first job, so the jobs
         // below queue up and go as one batch once the connection is free.
         let conn = pool.acquire().await.unwrap();
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone()).unwrap());
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics()).unwrap());
         let parked = {
             let batcher = batcher.clone();
             tokio::spawn(async move {
@@ -457,7 +481,7 @@ mod tests {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone()).unwrap());
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics()).unwrap());
         let done = std::sync::Arc::new(AtomicUsize::new(0));
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let mut clients = Vec::new();

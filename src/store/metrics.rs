@@ -31,6 +31,9 @@ fn db_histogram() -> Histogram {
     Histogram::new(DB_BUCKETS)
 }
 
+/// Buckets of statements per group commit (a batch holds at most 64).
+const BATCH_BUCKETS: [f64; 7] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
 /// The statement's name, from the store's fixed set (`version_commit`, …).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OperationLabel {
@@ -47,6 +50,8 @@ struct PoolLabel {
 pub struct DbMetrics {
     duration: HistogramFamily<OperationLabel>,
     errors: Family<OperationLabel, Counter>,
+    batch_statements: Histogram,
+    batch_duration: Histogram,
 }
 
 impl DbMetrics {
@@ -68,10 +73,35 @@ impl DbMetrics {
             "Store statements that failed, by operation",
             db_errors.clone(),
         );
+        // SQLite's group commit: how many statements share a transaction
+        // (and so an fsync), and how long each takes. How full the batches
+        // are tells whether writes wait for the disk or for each other.
+        let batch_statements = Histogram::new(BATCH_BUCKETS);
+        r.register(
+            "db_batch_statements",
+            "Statements in each SQLite group commit (one transaction, one fsync)",
+            batch_statements.clone(),
+        );
+        let batch_duration = db_histogram();
+        r.register_with_unit(
+            "db_batch_duration",
+            "Time of each SQLite group commit, from BEGIN to its durable COMMIT \
+             (or its rollback)",
+            Unit::Seconds,
+            batch_duration.clone(),
+        );
         DbMetrics {
             duration: db_duration,
             errors: db_errors,
+            batch_statements,
+            batch_duration,
         }
+    }
+
+    /// One SQLite group commit of `statements` statements took `elapsed`.
+    pub fn observe_batch(&self, statements: usize, elapsed: Duration) {
+        self.batch_statements.observe(statements as f64);
+        self.batch_duration.observe(seconds(elapsed));
     }
 
     /// One store operation (`operation` names the statement) took

@@ -110,7 +110,7 @@ pub async fn connect(
         .idle_timeout(settings.idle_timeout)
         .connect_with(options)
         .await?;
-    let batcher = Batcher::spawn(writer.clone())?;
+    let batcher = Batcher::spawn(writer.clone(), metrics.clone())?;
     Ok(
         SqlStore::new(readers, writer, Some(batcher), DIALECT, metrics)
             .with_version_cache(Some(VersionCache::new()))
