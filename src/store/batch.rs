@@ -442,7 +442,12 @@ mod tests {
                 batcher.execute(sql, Vec::new()).await
             })
         };
+        // Sent, and taken off the queue: the batch thread now waits on the
+        // pool.
         tokio::time::sleep(Duration::from_millis(50)).await;
+        while !batcher.tx.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let mut tasks = Vec::new();
         for k in [2i64, 1, 3] {
             let batcher = batcher.clone();
@@ -451,7 +456,10 @@ mod tests {
                     .execute("INSERT INTO t (k, v) VALUES ($1, 0)", vec![Arg::Int(k)])
                     .await
             }));
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // All three queued before the connection is free: one batch.
+        while batcher.tx.len() < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         drop(conn);
         assert!(parked.await.unwrap().unwrap().is_empty());
