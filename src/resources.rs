@@ -397,11 +397,24 @@ impl ResourceMap {
         // itself, the lenient one only comparing literals without regard to
         // case. If that names nothing, neither reading does.
         if let Some(rest) = canonical_segments(raw_path) {
-            if self.find(|| rest.split('/'), Case::Folded).is_none() {
+            let Some(folded) = self.find(|| rest.split('/'), Case::Folded) else {
                 return Ok(Route::Unversioned);
+            };
+            // The usual versioned request: both readings are the same
+            // segments, and where the exact-case match is the same pattern
+            // as the case-blind one, both name the same route.
+            let exact = self.find(|| rest.split('/'), Case::Exact);
+            if exact.is_some_and(|p| std::ptr::eq(p, folded)) {
+                let segments: Vec<String> = rest.split('/').map(str::to_string).collect();
+                return Self::route(folded.named(&segments));
             }
         }
+        self.classify_all_readings(raw_path)
+    }
 
+    /// [`classify`](Self::classify) without its shortcuts: every reading
+    /// computed and compared.
+    fn classify_all_readings(&self, raw_path: &str) -> Result<Route, PathError> {
         let strict = strict_segments(raw_path);
         let lenient = lenient_readings(raw_path);
         let lenient_named: Vec<Option<Named>> = lenient
@@ -452,21 +465,29 @@ impl ResourceMap {
             let lenient = other.as_ref().map_or(Reading::Nothing, Named::reading);
             return Err(self.ambiguity(raw_path, strict_named.reading(), lenient));
         }
-        Ok(match strict_named.kind {
+        Self::route(strict_named)
+    }
+
+    /// The route both readings agree on.
+    fn route(named: Named) -> Result<Route, PathError> {
+        if named.kind == Kind::Item && named.key.len() > MAX_KEY_BYTES {
+            return Err(PathError::TooLong(named.key.len()));
+        }
+        Ok(match named.kind {
             Kind::Item => Route::Item {
                 // `named` always gives an item its lock; the key otherwise.
-                fence: strict_named.fence.unwrap_or_else(|| Fencing {
-                    lock: strict_named.key.clone(),
+                fence: named.fence.unwrap_or_else(|| Fencing {
+                    lock: named.key.clone(),
                     required: false,
                 }),
-                key: strict_named.key,
-                path: strict_named.path,
-                drift: strict_named.drift,
-                exclusive_writes: strict_named.exclusive_writes,
+                key: named.key,
+                path: named.path,
+                drift: named.drift,
+                exclusive_writes: named.exclusive_writes,
             },
             Kind::Collection => Route::Collection {
-                path: strict_named.path,
-                fence: strict_named.fence,
+                path: named.path,
+                fence: named.fence,
             },
         })
     }
@@ -1556,6 +1577,32 @@ mod tests {
 
         fn path() -> impl Strategy<Value = String> {
             prop_oneof![noise(), dressed()]
+        }
+
+        /// The shortcuts of `classify` decide as comparing every reading
+        /// does, canonical paths included.
+        #[test]
+        fn shortcuts_agree_with_every_reading() {
+            let m = map();
+            let canonical = prop::collection::vec(
+                prop_oneof![
+                    literal(),
+                    prop::sample::select(vec!["42", "x", "A-b_c.d~"]).prop_map(String::from)
+                ],
+                1..5,
+            )
+            .prop_map(|segs| format!("/{}", segs.join("/")));
+            let mut runner = TestRunner::new(Config {
+                cases: 2000,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            runner
+                .run(&prop_oneof![canonical, path()], |raw| {
+                    prop_assert_eq!(m.classify(&raw), m.classify_all_readings(&raw), "{:?}", raw);
+                    Ok(())
+                })
+                .unwrap();
         }
 
         /// Whatever a lenient backend would resolve a path to, lockstep
