@@ -20,6 +20,7 @@
 //! thread makes no call on it) and runs the whole transaction itself, so a
 //! batch costs one hand-over in (the queue) and one out (the answers).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::types::ValueRef;
@@ -56,7 +57,7 @@ const PREPARED: usize = 32;
 type Reply = oneshot::Sender<Result<Vec<Values>, sqlx::Error>>;
 
 struct Job {
-    sql: String,
+    sql: Arc<str>,
     args: Vec<Arg>,
     reply: Reply,
 }
@@ -87,10 +88,14 @@ impl Batcher {
 
     /// Runs one statement in the next batch; returns its rows once the
     /// batch is durable.
-    pub async fn execute(&self, sql: &str, args: Vec<Arg>) -> Result<Vec<Values>, sqlx::Error> {
+    pub async fn execute(
+        &self,
+        sql: impl Into<Arc<str>>,
+        args: Vec<Arg>,
+    ) -> Result<Vec<Values>, sqlx::Error> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
-            sql: sql.to_string(),
+            sql: sql.into(),
             args,
             reply,
         };

@@ -187,7 +187,7 @@ where
         let _writing = self.version_cache.as_ref().map(VersionCache::writing);
         self.timed(stmt.op, async {
             Ok(match &self.batcher {
-                Some(b) => b.execute(&stmt.sql, args).await?,
+                Some(b) => b.execute(stmt.sql.clone(), args).await?,
                 None => values::query::<DB>(&stmt.sql, &args)
                     .fetch_all(&self.writer)
                     .await?

@@ -17,12 +17,17 @@ pub use versions::VersionSql;
 /// A statement and the operation name its timings are recorded under.
 pub struct Stmt {
     pub op: &'static str,
-    pub sql: String,
+    /// Shared, not copied: the SQLite group commit hands it to its thread
+    /// with every job.
+    pub sql: std::sync::Arc<str>,
 }
 
 impl Stmt {
     pub fn new(op: &'static str, sql: String) -> Self {
-        Self { op, sql }
+        Self {
+            op,
+            sql: sql.into(),
+        }
     }
 }
 
