@@ -45,11 +45,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
-            // `close` and `keep-alive`, nearly always all there is, need no
-            // header name built to know that nothing more goes.
-            .filter(|token| {
-                !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive")
-            })
+            // `keep-alive`, the usual token, is removed as hop-by-hop anyway:
+            // no header name built for it. (`close` is parsed like any other
+            // token: a header of that name must go too.)
+            .filter(|token| !token.eq_ignore_ascii_case("keep-alive"))
             .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
             .filter(|name| hop_index(name).is_none())
             .collect()
@@ -206,6 +205,21 @@ mod tests {
         h.insert("transfer-encoding", "chunked".parse().unwrap());
         h.insert("te", "trailers".parse().unwrap());
         h.insert("upgrade", "h2c".parse().unwrap());
+        h.insert("x-keep", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+
+        // `hop_index` and `HOP_BY_HOP` name the same seven, in one order.
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_index(name), Some(i), "{name}");
+        }
+
+        // Every token is a name to remove, `close` included.
+        let mut h = HeaderMap::new();
+        h.insert("connection", "Close, Keep-Alive".parse().unwrap());
+        h.insert("close", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
         h.insert("x-keep", "1".parse().unwrap());
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
