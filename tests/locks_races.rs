@@ -11,6 +11,7 @@ mod common;
 #[macro_use]
 mod locks_db;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -518,59 +519,80 @@ async fn tokens_stay_unique_while_the_sweeper_runs(db: DbKind) {
 /// out. On SQLite the sweeper's transaction needs the one write connection
 /// that the group commit keeps from batch to batch while jobs keep coming
 /// (for at most `HOLD`, which `store::batch`'s own test checks with a queue
-/// that never empties): here the sweeper, due every 20 ms, must get it over
-/// and over during the run (at least 10 sweeps that removed rows; a starved
-/// one manages none) and never time out waiting.
+/// that never empties); on PostgreSQL it needs the floor row `FOR UPDATE`
+/// that every acquire reads `FOR SHARE`. Either way the sweeper, due every
+/// 20 ms, must get its turn over and over while the load goes on: the
+/// clients keep going until 10 sweeps have removed rows (a starved sweeper
+/// manages none; the bound is generous, so a loaded machine only makes the
+/// run longer), and no sweep may fail waiting.
 async fn expired_rows_are_swept_while_clients_acquire_and_release_flat_out(db: DbKind) {
     const CLIENTS: usize = 32;
+    const SWEEPS: usize = 10;
+    const PAIRS: u64 = 50;
     let db = Db::fresh(db).await;
     let ls = db
         .lockstep()
         .locks_toml("sweep_interval_ms = 20\nretention_ms = 1")
         .start();
-    let run_for = Duration::from_millis(2000);
-    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pairs = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for w in 0..CLIENTS {
         let ls_url = lock_url(&ls, "x");
         let base = ls_url.trim_end_matches("/x").to_owned();
+        let (stop, pairs) = (stop.clone(), pairs.clone());
         tasks.push(tokio::spawn(async move {
             let c = Client::new();
-            let mut pairs = 0u64;
-            while t0.elapsed() < run_for {
+            let mut mine = 0u64;
+            while !stop.load(Ordering::Relaxed) {
                 // A new resource each time: every release leaves a row the
                 // sweeper may remove once the retention is past.
-                let url = format!("{base}/job:load-{w}-{pairs}");
+                let url = format!("{base}/job:load-{w}-{mine}");
                 let owner = format!("w{w}");
                 let r = acquire(&c, &url, &owner, 30_000).await;
                 assert_eq!(r.status, 200, "{r:?}");
                 let r = release(&c, &url, &owner).await;
                 assert_eq!(r.status, 204, "{r:?}");
-                pairs += 1;
+                mine += 1;
+                pairs.fetch_add(1, Ordering::Relaxed);
             }
-            pairs
         }));
     }
-    let mut pairs = 0;
-    for t in tasks {
-        pairs += t.await.unwrap();
+    let sweeps_so_far = |ls: &Lockstep| {
+        ls.log_lines()
+            .iter()
+            .filter(|l| {
+                l["target"] == "lockstep::locks" && l["fields"]["removed"].as_u64() > Some(0)
+            })
+            .count()
+    };
+    let t0 = Instant::now();
+    let bound = Duration::from_secs(20);
+    while (sweeps_so_far(&ls) < SWEEPS || pairs.load(Ordering::Relaxed) < PAIRS)
+        && t0.elapsed() < bound
+        && !tasks.iter().any(|t| t.is_finished())
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        pairs > 50,
-        "too little load to mean anything: {pairs} pairs"
-    );
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let pairs = pairs.load(Ordering::Relaxed);
     let lines = ls.log_lines();
     let failed: Vec<&Value> = lines
         .iter()
         .filter(|l| l["fields"]["message"] == "lock sweep failed")
         .collect();
     assert!(failed.is_empty(), "sweeps failed under load: {failed:?}");
-    let sweeps = lines
-        .iter()
-        .filter(|l| l["target"] == "lockstep::locks" && l["fields"]["removed"].as_u64() > Some(0))
-        .count();
+    let sweeps = sweeps_so_far(&ls);
     assert!(
-        sweeps >= 10,
-        "{sweeps} sweeps removed rows during {pairs} acquire+release pairs in {run_for:?}"
+        sweeps >= SWEEPS,
+        "{sweeps} sweeps removed rows during {pairs} acquire+release pairs in {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        pairs >= PAIRS,
+        "too little load to mean anything: {pairs} pairs"
     );
 }
