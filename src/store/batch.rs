@@ -29,6 +29,7 @@ use sqlx::{Pool, Sqlite};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+use super::file_guard::FileGuard;
 use super::values::{Arg, Value, Values};
 use super::DbMetrics;
 
@@ -72,13 +73,20 @@ impl Batcher {
     /// takes the write connection from `pool` (SQLite, one connection)
     /// whenever it has work, and waits on the pool and on sqlx through the
     /// current Tokio runtime. Each batch's size and time go to `metrics`.
-    pub fn spawn(pool: Pool<Sqlite>, metrics: DbMetrics) -> std::io::Result<Self> {
+    /// Before each batch the database must still be `file` (see
+    /// `file_guard.rs`); once it is not, every job is refused unrun.
+    pub fn spawn(
+        pool: Pool<Sqlite>,
+        metrics: DbMetrics,
+        file: Option<Arc<FileGuard>>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded(4 * MAX_BATCH);
         let runtime = Handle::current();
         let writer = Writer {
             runtime,
             pool,
             metrics,
+            file,
         };
         std::thread::Builder::new()
             .name("lockstep-writer".into())
@@ -112,6 +120,9 @@ struct Writer {
     runtime: Handle,
     pool: Pool<Sqlite>,
     metrics: DbMetrics,
+    /// The database file, checked once per batch rather than by every
+    /// request before it queues its statement.
+    file: Option<Arc<FileGuard>>,
 }
 
 impl Writer {
@@ -175,6 +186,12 @@ impl Writer {
         db.set_prepared_statement_cache_capacity(PREPARED);
         let since = Instant::now();
         let fit = loop {
+            if let Some(Err(lost)) = self.file.as_deref().map(FileGuard::check) {
+                for job in std::mem::take(&mut jobs) {
+                    let _ = job.reply.send(Err(lost.clone().into()));
+                }
+                break Fit::Fit;
+            }
             let started = Instant::now();
             let outcome = run_batch(&db, &jobs);
             self.metrics.observe_batch(jobs.len(), started.elapsed());
@@ -369,7 +386,7 @@ mod tests {
     async fn every_job_gets_its_own_rows() {
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics()).unwrap());
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
         let mut tasks = Vec::new();
         for i in 0..300i64 {
             let batcher = batcher.clone();
@@ -425,6 +442,47 @@ mod tests {
         assert_eq!(count, 200);
     }
 
+    /// Once the database file is replaced under the batcher, every job is
+    /// refused as a database that cannot be reached, none of them runs, and
+    /// the loss is for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replaced_file_refuses_every_job_unrun() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = one_connection(&dir).await;
+        let path = dir.path().join("batch.db");
+        let mut guard = FileGuard::acquire(&path).unwrap();
+        guard.pin().unwrap();
+        let batcher = Batcher::spawn(pool.clone(), metrics(), Some(Arc::new(guard))).unwrap();
+        let insert = "INSERT INTO t (v) VALUES ($1) RETURNING v";
+        batcher.execute(insert, vec![Arg::Int(1)]).await.unwrap();
+        // Moved away and another file put in its place: the connection
+        // still writes to the moved one, which is how the refusal is seen.
+        let moved = dir.path().join("moved.db");
+        std::fs::rename(&path, &moved).unwrap();
+        std::fs::write(&path, b"another database").unwrap();
+        let refused = futures_util::future::join_all(
+            (2..10).map(|i| batcher.execute(insert, vec![Arg::Int(i)])),
+        )
+        .await;
+        for r in refused {
+            match r {
+                Err(sqlx::Error::Io(e)) => {
+                    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+                    assert!(e.to_string().contains("deleted or replaced"), "{e}");
+                }
+                other => panic!("expected the file to be lost: {other:?}"),
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
+        std::fs::rename(&moved, &path).unwrap();
+        assert!(batcher.execute(insert, vec![Arg::Int(10)]).await.is_err());
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(count, 1, "only the write before the loss ran");
+    }
+
     /// A statement that fails fails its whole batch: nothing of the batch
     /// is committed, every job of it is told, and the next batch runs on
     /// a clean connection.
@@ -439,7 +497,7 @@ mod tests {
         // Park the batch thread on the pool with a first job, so the jobs
         // below queue up and go as one batch once the connection is free.
         let conn = pool.acquire().await.unwrap();
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics()).unwrap());
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
         let parked = {
             let batcher = batcher.clone();
             tokio::spawn(async move {
@@ -494,7 +552,7 @@ mod tests {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics()).unwrap());
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
         let done = std::sync::Arc::new(AtomicUsize::new(0));
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let mut clients = Vec::new();

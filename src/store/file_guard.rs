@@ -20,9 +20,11 @@
 //! old, unlinked file through the open connections, while a new connection
 //! or the next start finds another database where versions and fencing
 //! tokens start again at 1. The file's device and inode are taken once it
-//! exists and compared with the path's before every statement (a `stat`);
-//! once they differ the file is lost for good: every statement fails, so
-//! versioned writes and lock calls fail closed, until lockstep restarts.
+//! exists and compared with the path's before every read and before every
+//! group-commit batch (a `stat`; `batch.rs` checks once for all the writes
+//! in a batch); once they differ the file is lost for good: every statement
+//! fails, so versioned writes and lock calls fail closed, until lockstep
+//! restarts.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -47,9 +49,17 @@ pub enum GuardError {
 }
 
 /// The database file is no longer the one lockstep opened.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("the SQLite database {} was deleted or replaced while lockstep ran; restart lockstep", .0.display())]
 pub struct FileLost(PathBuf);
+
+/// A statement refused because the file is lost: to sqlx's callers, a
+/// database that cannot be reached (503).
+impl From<FileLost> for sqlx::Error {
+    fn from(lost: FileLost) -> Self {
+        sqlx::Error::Io(std::io::Error::new(ErrorKind::NotFound, lost))
+    }
+}
 
 /// Held for the life of the store: the file is this process's alone.
 #[derive(Debug)]

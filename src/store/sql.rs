@@ -10,6 +10,7 @@
 //! operation name its [`Stmt`] carries: one place for both engines.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -57,8 +58,9 @@ pub struct SqlStore<DB: Database> {
     /// Readiness: a read and a write that change nothing.
     ping_read: Stmt,
     ping_write: Stmt,
-    /// The SQLite file this process owns, held for the store's life.
-    pub(super) file: Option<FileGuard>,
+    /// The SQLite file this process owns, held for the store's life (and
+    /// checked by the group commit too).
+    pub(super) file: Option<Arc<FileGuard>>,
     /// Fails statements at once while the database is unreachable
     /// (PostgreSQL; `None`: every statement tries).
     pub(super) breaker: Option<std::sync::Arc<Breaker>>,
@@ -106,7 +108,7 @@ impl<DB: Database> SqlStore<DB> {
     }
 
     /// Owns the database file through `guard` for as long as the store lives.
-    pub fn with_file(mut self, guard: FileGuard) -> Self {
+    pub fn with_file(mut self, guard: Arc<FileGuard>) -> Self {
         self.file = Some(guard);
         self
     }
@@ -119,16 +121,14 @@ impl<DB: Database> SqlStore<DB> {
     /// opened (see `file_guard.rs`).
     pub(super) fn same_file(&self) -> Result<()> {
         match &self.file {
-            Some(guard) => guard.check().map_err(|lost| {
-                sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotFound, lost)).into()
-            }),
+            Some(guard) => guard.check().map_err(|lost| sqlx::Error::from(lost).into()),
             None => Ok(()),
         }
     }
 
     /// Whether the SQLite file is known to be lost (no `stat`).
     pub(super) fn file_lost(&self) -> bool {
-        self.file.as_ref().is_some_and(FileGuard::is_lost)
+        self.file.as_deref().is_some_and(FileGuard::is_lost)
     }
 
     /// Runs `work` and records how long it took under `op`.
@@ -178,7 +178,11 @@ where
 
     /// A conditional write: its `RETURNING` rows, once durable.
     pub(super) async fn write_rows(&self, stmt: &Stmt, args: Vec<Arg>) -> Result<Vec<Values>> {
-        self.same_file()?;
+        if self.batcher.is_none() {
+            // The group commit checks the file once per batch, for all the
+            // statements in it.
+            self.same_file()?;
+        }
         // Whatever the outcome (a failed commit may still have landed), no
         // cached version read before this write is served while it may land
         // or after it. Every write counts, lock writes too: simpler than
