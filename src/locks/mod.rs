@@ -144,7 +144,10 @@ impl Locks {
         let ttl = self.ttl_of(&body)?;
         let fingerprint = owner_fingerprint(&owner);
         let deadline = started + wait;
-        let mut waiter = self.wakeups.subscribe(Topic::Lock, resource);
+        // Subscribed before the first attempt, so a release between a
+        // failed attempt and the wait still wakes it; a caller that does
+        // not wait needs no subscription.
+        let mut waiter = (!wait.is_zero()).then(|| self.wakeups.subscribe(Topic::Lock, resource));
         let mut backoff = Duration::from_millis(10);
         loop {
             match self
@@ -217,7 +220,10 @@ impl Locks {
                     let nap = backoff
                         .min(deadline - now)
                         .min(remaining + Duration::from_millis(1));
-                    waiter.changed(nap).await;
+                    match waiter.as_mut() {
+                        Some(waiter) => waiter.changed(nap).await,
+                        None => tokio::time::sleep(nap).await,
+                    }
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }

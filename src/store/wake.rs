@@ -39,7 +39,12 @@ impl Wakeups {
 
     /// Something about `name` changed in `topic`.
     pub fn notify(&self, topic: Topic, name: &str) {
-        // No receiver is fine: nobody waits.
+        // Nobody waits (the usual case): no message to allocate. A waiter
+        // subscribes before it reads the state it waits on, so one whose
+        // read saw the old state is counted here already.
+        if self.tx.receiver_count() == 0 {
+            return;
+        }
         let _ = self.tx.send((topic, Arc::from(name)));
     }
 
