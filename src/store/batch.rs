@@ -29,7 +29,7 @@ use sqlx::{Pool, Sqlite};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-use super::file_guard::FileGuard;
+use super::file_guard::FileIdentity;
 use super::values::{Arg, Value, Values};
 use super::DbMetrics;
 
@@ -78,7 +78,7 @@ impl Batcher {
     pub fn spawn(
         pool: Pool<Sqlite>,
         metrics: DbMetrics,
-        file: Option<Arc<FileGuard>>,
+        file: Option<Arc<FileIdentity>>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded(4 * MAX_BATCH);
         let runtime = Handle::current();
@@ -122,7 +122,7 @@ struct Writer {
     metrics: DbMetrics,
     /// The database file, checked once per batch rather than by every
     /// request before it queues its statement.
-    file: Option<Arc<FileGuard>>,
+    file: Option<Arc<FileIdentity>>,
 }
 
 impl Writer {
@@ -186,7 +186,7 @@ impl Writer {
         db.set_prepared_statement_cache_capacity(PREPARED);
         let since = Instant::now();
         let fit = loop {
-            if let Some(Err(lost)) = self.file.as_deref().map(FileGuard::check) {
+            if let Some(Err(lost)) = self.file.as_deref().map(FileIdentity::check) {
                 for job in std::mem::take(&mut jobs) {
                     let _ = job.reply.send(Err(lost.clone().into()));
                 }
@@ -450,9 +450,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
         let path = dir.path().join("batch.db");
-        let mut guard = FileGuard::acquire(&path).unwrap();
+        let mut guard = crate::store::file_guard::FileGuard::acquire(&path).unwrap();
         guard.pin().unwrap();
-        let batcher = Batcher::spawn(pool.clone(), metrics(), Some(Arc::new(guard))).unwrap();
+        let batcher = Batcher::spawn(pool.clone(), metrics(), Some(guard.identity())).unwrap();
         let insert = "INSERT INTO t (v) VALUES ($1) RETURNING v";
         batcher.execute(insert, vec![Arg::Int(1)]).await.unwrap();
         // Moved away and another file put in its place: the connection

@@ -31,6 +31,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Why the file could not be claimed.
 #[derive(Debug, thiserror::Error)]
@@ -64,10 +65,18 @@ impl From<FileLost> for sqlx::Error {
 /// Held for the life of the store: the file is this process's alone.
 #[derive(Debug)]
 pub struct FileGuard {
-    path: PathBuf,
     _lock: File,
+    identity: Arc<FileIdentity>,
+}
+
+/// Which file the database path must go on naming. Shared with the group
+/// commit, which checks it before each batch, while the lock itself stays
+/// the store's alone: dropping the store lets go of the file at once.
+#[derive(Debug)]
+pub struct FileIdentity {
+    path: PathBuf,
     /// (device, inode) of the database file once it exists.
-    identity: Option<(u64, u64)>,
+    pinned: OnceLock<(u64, u64)>,
     lost: AtomicBool,
 }
 
@@ -92,10 +101,12 @@ impl FileGuard {
             .map_err(failed)?;
         match lock.try_lock() {
             Ok(()) => Ok(Self {
-                path,
                 _lock: lock,
-                identity: None,
-                lost: AtomicBool::new(false),
+                identity: Arc::new(FileIdentity {
+                    path,
+                    pinned: OnceLock::new(),
+                    lost: AtomicBool::new(false),
+                }),
             }),
             Err(std::fs::TryLockError::WouldBlock) => Err(GuardError::InUse {
                 db: path,
@@ -113,26 +124,46 @@ impl FileGuard {
 
     /// The database file, as an absolute path.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.identity.path
     }
 
     /// Records which file the path names now (call once it exists).
     pub fn pin(&mut self) -> std::io::Result<()> {
-        let meta = std::fs::metadata(&self.path)?;
-        self.identity = Some((meta.dev(), meta.ino()));
+        let meta = std::fs::metadata(&self.identity.path)?;
+        let _ = self.identity.pinned.set((meta.dev(), meta.ino()));
         Ok(())
     }
 
+    /// The check, for whoever else runs statements on the file.
+    pub fn identity(&self) -> Arc<FileIdentity> {
+        self.identity.clone()
+    }
+
+    /// See [`FileIdentity::check`].
+    pub fn check(&self) -> Result<(), FileLost> {
+        self.identity.check()
+    }
+
+    /// See [`FileIdentity::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.identity.is_lost()
+    }
+}
+
+impl FileIdentity {
     /// Is the path still the file that was pinned? The first time it is
     /// not, says so in an ERROR line; from then on always `Err`.
     pub fn check(&self) -> Result<(), FileLost> {
         if self.is_lost() {
             return Err(FileLost(self.path.clone()));
         }
+        let Some(pinned) = self.pinned.get() else {
+            return Ok(());
+        };
         let now = std::fs::metadata(&self.path)
             .ok()
             .map(|m| (m.dev(), m.ino()));
-        if self.identity.is_none() || now == self.identity {
+        if now == Some(*pinned) {
             return Ok(());
         }
         if !self.lost.swap(true, Ordering::SeqCst) {

@@ -10,7 +10,6 @@
 //! operation name its [`Stmt`] carries: one place for both engines.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -60,7 +59,7 @@ pub struct SqlStore<DB: Database> {
     ping_write: Stmt,
     /// The SQLite file this process owns, held for the store's life (and
     /// checked by the group commit too).
-    pub(super) file: Option<Arc<FileGuard>>,
+    pub(super) file: Option<FileGuard>,
     /// Fails statements at once while the database is unreachable
     /// (PostgreSQL; `None`: every statement tries).
     pub(super) breaker: Option<std::sync::Arc<Breaker>>,
@@ -108,7 +107,7 @@ impl<DB: Database> SqlStore<DB> {
     }
 
     /// Owns the database file through `guard` for as long as the store lives.
-    pub fn with_file(mut self, guard: Arc<FileGuard>) -> Self {
+    pub fn with_file(mut self, guard: FileGuard) -> Self {
         self.file = Some(guard);
         self
     }
@@ -128,7 +127,7 @@ impl<DB: Database> SqlStore<DB> {
 
     /// Whether the SQLite file is known to be lost (no `stat`).
     pub(super) fn file_lost(&self) -> bool {
-        self.file.as_deref().is_some_and(FileGuard::is_lost)
+        self.file.as_ref().is_some_and(FileGuard::is_lost)
     }
 
     /// Runs `work` and records how long it took under `op`.

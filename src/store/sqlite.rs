@@ -10,7 +10,6 @@
 //! (`version_cache.rs`).
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -111,8 +110,7 @@ pub async fn connect(
         .idle_timeout(settings.idle_timeout)
         .connect_with(options)
         .await?;
-    let guard = Arc::new(guard);
-    let batcher = Batcher::spawn(writer.clone(), metrics.clone(), Some(guard.clone()))?;
+    let batcher = Batcher::spawn(writer.clone(), metrics.clone(), Some(guard.identity()))?;
     Ok(
         SqlStore::new(readers, writer, Some(batcher), DIALECT, metrics)
             .with_version_cache(Some(VersionCache::new()))
