@@ -11,6 +11,8 @@ FROM rust:bookworm AS build
 WORKDIR /src
 # Only what the binary is built from (migrations are embedded at compile time).
 COPY Cargo.toml Cargo.lock ./
+# Build settings (how the bundled SQLite is compiled).
+COPY .cargo .cargo
 COPY src src
 COPY migrations migrations
 # The workspace's other member (the protocol model): cargo reads its

@@ -117,3 +117,24 @@ pub async fn connect(
             .with_file(guard),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// `.cargo/config.toml` builds the bundled SQLite without memory
+    /// statistics (a mutex on every allocation); a build that lost the
+    /// setting fails here.
+    #[tokio::test]
+    async fn sqlite_is_built_without_memory_statistics() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let options: Vec<String> = sqlx::query_scalar("PRAGMA compile_options")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+    }
+}
