@@ -455,8 +455,9 @@ mod tests {
         let batcher = Batcher::spawn(pool.clone(), metrics(), Some(guard.identity())).unwrap();
         let insert = "INSERT INTO t (v) VALUES ($1) RETURNING v";
         batcher.execute(insert, vec![Arg::Int(1)]).await.unwrap();
-        // Moved away and another file put in its place: the connection
-        // still writes to the moved one, which is how the refusal is seen.
+        // Moved away and another file put in its place. The open
+        // connection would go on writing into the moved file; the check
+        // before each batch is what stops it.
         let moved = dir.path().join("moved.db");
         std::fs::rename(&path, &moved).unwrap();
         std::fs::write(&path, b"another database").unwrap();
