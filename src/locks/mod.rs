@@ -200,7 +200,8 @@ impl Locks {
                     let remaining = Duration::from_millis(
                         u64::try_from(holder.expires_at_ms - holder.now_ms).unwrap_or(0),
                     );
-                    if now >= deadline {
+                    // No waiter: the caller does not wait (`wait_ms` 0).
+                    let Some(waiter) = waiter.as_mut().filter(|_| now < deadline) else {
                         self.metrics.conflict(LockOp::Acquire);
                         tracing::info!(
                             target: "lockstep::locks",
@@ -214,16 +215,13 @@ impl Locks {
                             "lock held by another owner"
                         );
                         return Err(Error::LockHeld(Box::new(held(&holder))));
-                    }
+                    };
                     // Woken by a release on this replica, by expiry, or by
                     // the bounded re-check for releases elsewhere.
                     let nap = backoff
                         .min(deadline - now)
                         .min(remaining + Duration::from_millis(1));
-                    match waiter.as_mut() {
-                        Some(waiter) => waiter.changed(nap).await,
-                        None => tokio::time::sleep(nap).await,
-                    }
+                    waiter.changed(nap).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }
