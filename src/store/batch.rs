@@ -19,9 +19,12 @@
 //! borrows the connection from sqlx instead (`lock_handle`: meanwhile sqlx's
 //! thread makes no call on it) and runs the whole transaction itself, so a
 //! batch costs one hand-over in (the queue) and one out (the answers).
+//! It keeps the connection, and with it its prepared statements, for as
+//! long as it runs: every write of the store comes through its queue, the
+//! lock sweep's transaction too ([`Batcher::execute_all`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rusqlite::types::ValueRef;
 use sqlx::pool::PoolConnection;
@@ -36,23 +39,8 @@ use super::DbMetrics;
 /// The most statements one transaction carries.
 const MAX_BATCH: usize = 64;
 
-/// How long the batch thread keeps the write connection from one batch to
-/// the next while jobs keep coming. Why keep it: taking it again means a
-/// trip through the pool, one to sqlx's connection thread for the handle,
-/// and preparing the statements anew. Why not for ever: the lock sweeper's
-/// transaction takes the same connection from the pool, and under a steady
-/// write load the queue is never empty; letting go at least this often
-/// lets the sweeper in (the pool serves waiters in turn).
-const HOLD: Duration = Duration::from_millis(50);
-
-/// How long the batch thread waits for the next job, the connection still
-/// in hand, once the queue is empty. Under load the next job is usually
-/// that close; a job that comes meanwhile is run at once, so the wait
-/// delays no write, only the sweeper (by at most [`HOLD`] in all).
-const LINGER: Duration = Duration::from_millis(1);
-
-/// Prepared statements kept while the batch thread holds the connection:
-/// room for every write statement of the store, with BEGIN and COMMIT.
+/// Prepared statements the batch thread keeps: room for every write
+/// statement of the store.
 const PREPARED: usize = 32;
 
 type Reply = oneshot::Sender<Result<Vec<Values>, sqlx::Error>>;
@@ -60,6 +48,9 @@ type Reply = oneshot::Sender<Result<Vec<Values>, sqlx::Error>>;
 struct Job {
     sql: Arc<str>,
     args: Vec<Arg>,
+    /// Statements run right after this one, in the same transaction (the
+    /// lock sweep's two); empty for a single statement.
+    then: Vec<(Arc<str>, Vec<Arg>)>,
     reply: Reply,
 }
 
@@ -101,10 +92,34 @@ impl Batcher {
         sql: impl Into<Arc<str>>,
         args: Vec<Arg>,
     ) -> Result<Vec<Values>, sqlx::Error> {
+        self.send(sql.into(), args, Vec::new()).await
+    }
+
+    /// Runs `statements` one after another in the next batch, all in its
+    /// transaction (nothing of another job comes between them); returns
+    /// every row they return, in order, once the batch is durable.
+    pub async fn execute_all(
+        &self,
+        statements: Vec<(Arc<str>, Vec<Arg>)>,
+    ) -> Result<Vec<Values>, sqlx::Error> {
+        let mut statements = statements.into_iter();
+        match statements.next() {
+            Some((sql, args)) => self.send(sql, args, statements.collect()).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn send(
+        &self,
+        sql: Arc<str>,
+        args: Vec<Arg>,
+        then: Vec<(Arc<str>, Vec<Arg>)>,
+    ) -> Result<Vec<Values>, sqlx::Error> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
-            sql: sql.into(),
+            sql,
             args,
+            then,
             reply,
         };
         self.tx
@@ -126,9 +141,9 @@ struct Writer {
 }
 
 impl Writer {
-    /// The batch thread: waits for work, takes the connection, runs
-    /// batches while work keeps coming ([`hold`](Self::hold)), gives the
-    /// connection back.
+    /// The batch thread: waits for the first job, takes the connection,
+    /// and keeps it ([`hold`](Self::hold)); takes a new one only when that
+    /// one broke.
     fn run(self, rx: flume::Receiver<Job>) {
         // sqlx finds the runtime through this (a pooled connection going
         // back to its pool, for one). The thread waits on the queue without
@@ -149,8 +164,13 @@ impl Writer {
         }
     }
 
-    /// One stretch with the write connection in hand: `jobs` and the batches
-    /// after it, for as long as jobs keep coming but no longer than [`HOLD`].
+    /// The write connection in hand: `jobs` and every batch after it, until
+    /// the connection breaks or every handle is gone. Why it is never given
+    /// back in between: taking it again costs a trip through the pool, one
+    /// to sqlx's connection thread for the handle, and preparing every
+    /// statement anew, which under a light load (a write now and then) was
+    /// 40% of a write's work; nothing else needs it, since every write of
+    /// the store, the lock sweep included, comes through this queue.
     #[allow(unsafe_code)] // the one `unsafe` of lockstep; its proof is below
     fn hold(
         &self,
@@ -168,7 +188,8 @@ impl Writer {
         // SAFETY: the handle is the open connection `conn` owns, and sqlx makes
         // no call on it or its statements while `locked` lives
         // (`LockedSqliteHandle::as_raw_handle`); `db` is dropped below, before
-        // `locked`, and `conn` outlives both. `db` never leaves this thread
+        // `locked` (and after `prepared`, whose statements borrow it), and
+        // `conn` outlives both. `db` never leaves this thread
         // (rusqlite's `Connection` is not `Send`), so the handle is used by one
         // thread at a time, as SQLite's multi-thread mode requires. It does not
         // own the handle: dropping it finalizes only the statements it prepared
@@ -183,34 +204,36 @@ impl Writer {
                 return Fit::Fit;
             }
         };
-        db.set_prepared_statement_cache_capacity(PREPARED);
-        let since = Instant::now();
+        // BEGIN and COMMIT; the jobs' statements are kept in `prepared`.
+        db.set_prepared_statement_cache_capacity(2);
+        let mut prepared = Prepared::new(&db);
         let fit = loop {
-            if let Some(Err(lost)) = self.file.as_deref().map(FileIdentity::check) {
-                for job in std::mem::take(&mut jobs) {
-                    let _ = job.reply.send(Err(lost.clone().into()));
+            match self.file.as_deref().map(FileIdentity::check) {
+                Some(Err(lost)) => {
+                    for job in std::mem::take(&mut jobs) {
+                        let _ = job.reply.send(Err(lost.clone().into()));
+                    }
                 }
-                break Fit::Fit;
+                _ => {
+                    let started = Instant::now();
+                    let outcome = run_batch(&db, &mut prepared, &jobs);
+                    let statements = jobs.iter().map(|job| 1 + job.then.len()).sum();
+                    self.metrics.observe_batch(statements, started.elapsed());
+                    let broken = matches!(&outcome, Err(failed) if failed.broken);
+                    answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
+                    if broken {
+                        break Fit::Broken;
+                    }
+                }
             }
-            let started = Instant::now();
-            let outcome = run_batch(&db, &jobs);
-            self.metrics.observe_batch(jobs.len(), started.elapsed());
-            let fit = match &outcome {
-                Err(failed) if failed.broken => Fit::Broken,
-                _ => Fit::Fit,
-            };
-            answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
-            if fit == Fit::Broken || since.elapsed() >= HOLD {
-                break fit;
-            }
-            let next = match rx.recv_timeout(LINGER) {
-                Ok(job) => job,
-                // Nothing came (or every handle is gone): let go.
+            match rx.recv() {
+                Ok(next) => jobs = gather(next, rx),
+                // Every handle is gone: the store is closing.
                 Err(_) => break Fit::Fit,
-            };
-            jobs = gather(next, rx);
+            }
         };
         // Its statements are finalized while the handle is still ours.
+        drop(prepared);
         drop(db);
         drop(locked);
         fit
@@ -268,14 +291,18 @@ struct BatchFailed {
 
 /// One transaction: every job's rows, in the order of `jobs`, or the error
 /// that made the whole batch fail (then nothing of it was committed).
-fn run_batch(db: &rusqlite::Connection, jobs: &[Job]) -> Result<Vec<Vec<Values>>, BatchFailed> {
-    let transaction = || -> rusqlite::Result<Vec<Vec<Values>>> {
+fn run_batch(
+    db: &rusqlite::Connection,
+    prepared: &mut Prepared<'_>,
+    jobs: &[Job],
+) -> Result<Vec<Vec<Values>>, BatchFailed> {
+    let mut transaction = || -> rusqlite::Result<Vec<Vec<Values>>> {
         // IMMEDIATE: the write lock is taken up front, waiting in the busy
         // handler if another process holds it.
         db.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let rows = jobs
             .iter()
-            .map(|job| rows(db, &job.sql, &job.args))
+            .map(|job| job_rows(prepared, job))
             .collect::<rusqlite::Result<Vec<_>>>()?;
         db.prepare_cached("COMMIT")?.execute([])?;
         Ok(rows)
@@ -295,13 +322,67 @@ fn run_batch(db: &rusqlite::Connection, jobs: &[Job]) -> Result<Vec<Vec<Values>>
     })
 }
 
-/// Runs one statement with `args` bound, and returns its rows.
+/// The statements the batch thread prepared, found by the text they were
+/// prepared from. Why not rusqlite's own cache: it finds a statement by
+/// hashing its whole text (some are 800 bytes), on every statement of every
+/// batch. The store hands in the same `Arc` every time, so the pointer
+/// finds it; and since each entry keeps its `Arc`, no other text can come
+/// to live at that address while the entry is here.
+struct Prepared<'db> {
+    db: &'db rusqlite::Connection,
+    statements: Vec<(Arc<str>, rusqlite::Statement<'db>)>,
+}
+
+impl<'db> Prepared<'db> {
+    fn new(db: &'db rusqlite::Connection) -> Self {
+        Self {
+            db,
+            statements: Vec::new(),
+        }
+    }
+
+    /// The statement for `sql`, prepared on first use. Past [`PREPARED`]
+    /// texts (only ad hoc statements, never the store's) the oldest goes.
+    fn get(&mut self, sql: &Arc<str>) -> rusqlite::Result<&mut rusqlite::Statement<'db>> {
+        let found = self
+            .statements
+            .iter()
+            .position(|(text, _)| Arc::ptr_eq(text, sql));
+        let index = match found {
+            Some(index) => index,
+            None => {
+                let statement = self.db.prepare(sql)?;
+                if self.statements.len() == PREPARED {
+                    self.statements.remove(0);
+                }
+                self.statements.push((sql.clone(), statement));
+                self.statements.len() - 1
+            }
+        };
+        Ok(&mut self.statements[index].1)
+    }
+}
+
+/// Runs a job's statements, and returns their rows.
+fn job_rows(prepared: &mut Prepared<'_>, job: &Job) -> rusqlite::Result<Vec<Values>> {
+    let mut out = rows(prepared.get(&job.sql)?, &job.sql, &job.args)?;
+    for (sql, args) in &job.then {
+        out.extend(rows(prepared.get(sql)?, sql, args)?);
+    }
+    Ok(out)
+}
+
+/// Runs one prepared statement (of `sql`) with `args` bound, and returns
+/// its rows.
 ///
 /// `$n` in the store's statements (the form both engines share) means the
 /// n-th argument, as sqlx binds it; to SQLite it is a named parameter,
 /// numbered in the order the names first appear. So each is bound by name.
-fn rows(db: &rusqlite::Connection, sql: &str, args: &[Arg]) -> rusqlite::Result<Vec<Values>> {
-    let mut stmt = db.prepare_cached(sql)?;
+fn rows(
+    stmt: &mut rusqlite::Statement<'_>,
+    sql: &str,
+    args: &[Arg],
+) -> rusqlite::Result<Vec<Values>> {
     let count = stmt.parameter_count();
     if count != args.len() {
         return Err(rusqlite::Error::InvalidParameterCount(args.len(), count));
@@ -355,6 +436,7 @@ fn sqlite_error(e: rusqlite::Error) -> sqlx::Error {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::time::Duration;
 
     fn metrics() -> DbMetrics {
         DbMetrics::register(&mut prometheus_client::registry::Registry::default())
@@ -435,11 +517,38 @@ mod tests {
                 _ => assert!(rows.is_empty(), "job {i}: {} rows", rows.len()),
             }
         }
-        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
-            .fetch_one(&pool)
+        let count = batcher
+            .execute("SELECT COUNT(*) FROM t", Vec::new())
             .await
             .unwrap();
-        assert_eq!(count, 200);
+        assert_eq!(count, vec![Values::new(vec![Value::Int(200)])]);
+    }
+
+    /// Statements are kept by the text handed in: the same `Arc` finds its
+    /// statement again, and texts beyond what is kept (ad hoc ones, a new
+    /// `Arc` each time, whose addresses may be reused once let go) still
+    /// each run as written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_text_runs_its_own_statement() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = one_connection(&dir).await;
+        let batcher = Batcher::spawn(pool, metrics(), None).unwrap();
+        let kept: Arc<str> = "SELECT $1 + 0".into();
+        for round in 0..3i64 {
+            for i in 0..(2 * PREPARED as i64) {
+                let rows = batcher
+                    .execute(format!("SELECT {i}, $1"), vec![Arg::Int(round)])
+                    .await
+                    .unwrap();
+                let expected = Values::new(vec![Value::Int(i), Value::Int(round)]);
+                assert_eq!(rows, vec![expected]);
+                let rows = batcher
+                    .execute(kept.clone(), vec![Arg::Int(i)])
+                    .await
+                    .unwrap();
+                assert_eq!(rows, vec![Values::new(vec![Value::Int(i)])]);
+            }
+        }
     }
 
     /// Once the database file is replaced under the batcher, every job is
@@ -477,8 +586,16 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::fs::rename(&moved, &path).unwrap();
         assert!(batcher.execute(insert, vec![Arg::Int(10)]).await.is_err());
+        // The batch thread keeps the pool's one connection: look with
+        // another.
+        use sqlx::ConnectOptions;
+        let mut other = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .connect()
+            .await
+            .unwrap();
         let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
-            .fetch_one(&pool)
+            .fetch_one(&mut other)
             .await
             .unwrap();
         assert_eq!(count, 1, "only the write before the loss ran");
@@ -545,45 +662,74 @@ mod tests {
         assert!(err.to_string().contains("parameter"), "{err}");
     }
 
-    /// While jobs keep coming, the batch thread keeps the write connection,
-    /// but for no longer than [`HOLD`] at a time: another user of the pool
-    /// (the lock sweeper) gets it while clients are still writing flat out.
+    /// A job of several statements runs them one right after the other in
+    /// one transaction, however many other jobs come at the same time; its
+    /// rows are theirs, in order; and when one of them fails, none of them
+    /// (nor anything else in that batch) is committed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_connection_is_let_go_while_jobs_keep_coming() {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    async fn a_job_of_several_statements_runs_them_back_to_back() {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
-        let done = std::sync::Arc::new(AtomicUsize::new(0));
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool, metrics(), None).unwrap());
         let stop = std::sync::Arc::new(AtomicBool::new(false));
+        // Other clients insert rows flat out, more than a batch takes.
         let mut clients = Vec::new();
-        // More clients than a batch takes, so the queue is never empty.
-        for _ in 0..4 * MAX_BATCH {
-            let (batcher, done, stop) = (batcher.clone(), done.clone(), stop.clone());
+        for _ in 0..2 * MAX_BATCH {
+            let (batcher, stop) = (batcher.clone(), stop.clone());
             clients.push(tokio::spawn(async move {
                 while !stop.load(Relaxed) {
                     let sql = "INSERT INTO t (v) VALUES ($1)";
                     batcher.execute(sql, vec![Arg::Int(1)]).await.unwrap();
-                    done.fetch_add(1, Relaxed);
                 }
             }));
         }
-        while done.load(Relaxed) < 1000 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        let count: Arc<str> = "SELECT COUNT(*) FROM t".into();
+        let insert: Arc<str> = "INSERT INTO t (v, w) VALUES ($1, $2) RETURNING v, w".into();
+        for i in 0..200i64 {
+            // Counted, a row added, counted again: nobody else's row can
+            // come between, so the second count is the first plus one.
+            let rows = batcher
+                .execute_all(vec![
+                    (count.clone(), Vec::new()),
+                    (
+                        insert.clone(),
+                        vec![Arg::Int(i), Arg::Text(format!("w{i}"))],
+                    ),
+                    (count.clone(), Vec::new()),
+                ])
+                .await
+                .unwrap();
+            let [before, inserted, after] = <[Values; 3]>::try_from(rows).unwrap();
+            let (before, after) = (before.get::<i64>(0).unwrap(), after.get::<i64>(0).unwrap());
+            assert_eq!(after, before + 1, "job {i}");
+            assert_eq!(
+                inserted,
+                Values::new(vec![Value::Int(i), Value::Text(format!("w{i}"))])
+            );
         }
-        // The clients are still writing: the pool must hand the connection
-        // out all the same, well within its acquire timeout.
-        let before = done.load(Relaxed);
-        let conn = tokio::time::timeout(Duration::from_secs(5), pool.acquire()).await;
-        let during = done.load(Relaxed);
         stop.store(true, Relaxed);
-        assert!(
-            matches!(conn, Ok(Ok(_))),
-            "the pool never handed out the connection while clients wrote ({before} → {during} writes)"
-        );
-        drop(conn);
         for client in clients {
             client.await.unwrap();
         }
+        // The second statement fails (no such table): the first is not
+        // committed either.
+        let err = batcher
+            .execute_all(vec![
+                (
+                    "INSERT INTO t (v, w) VALUES (-1, 'lost')".into(),
+                    Vec::new(),
+                ),
+                ("INSERT INTO missing (v) VALUES (1)".into(), Vec::new()),
+            ])
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        let lost = batcher
+            .execute("SELECT COUNT(*) FROM t WHERE w = 'lost'", Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(lost, vec![Values::new(vec![Value::Int(0)])]);
+        assert!(batcher.execute_all(Vec::new()).await.unwrap().is_empty());
     }
 }

@@ -132,21 +132,32 @@ where
     async fn sweep(&self, retention: Duration, limit: i64) -> Result<u64> {
         // One transaction: hold the floor, raise it over every row about to
         // go, then remove rows it covers.
+        let raise = (
+            self.locks.sweep_raise_floor.clone(),
+            vec![A::millis(retention)],
+        );
+        let delete = (
+            self.locks.sweep_delete.clone(),
+            vec![A::millis(retention), A::Int(limit)],
+        );
         self.timed("lock_sweep", async {
+            if let Some(batcher) = &self.batcher {
+                // SQLite: the group commit keeps the one write connection,
+                // and runs both statements in one of its transactions, one
+                // right after the other (writers take turns there, so there
+                // is no floor row to hold).
+                let removed = batcher.execute_all(vec![raise, delete]).await?;
+                return Ok(removed.len() as u64);
+            }
             let mut tx = self.writer.begin().await?;
             if let Some(sql) = &self.locks.sweep_lock_floor {
                 sqlx::query::<DB>(sql).fetch_one(&mut *tx).await?;
             }
-            query::<DB>(&self.locks.sweep_raise_floor, &[A::millis(retention)])
-                .execute(&mut *tx)
-                .await?;
-            let removed = query::<DB>(
-                &self.locks.sweep_delete,
-                &[A::millis(retention), A::Int(limit)],
-            )
-            .fetch_all(&mut *tx)
-            .await?
-            .len() as u64;
+            query::<DB>(&raise.0, &raise.1).execute(&mut *tx).await?;
+            let removed = query::<DB>(&delete.0, &delete.1)
+                .fetch_all(&mut *tx)
+                .await?
+                .len() as u64;
             tx.commit().await?;
             Ok(removed)
         })

@@ -84,9 +84,9 @@ pub async fn connect(
         .map_err(|e| sqlx::Error::Configuration(Box::new(e)))?;
     let path = guard.path().to_owned();
     let existed = path.try_exists().unwrap_or(true);
-    // The writer runs the migrations and the lock sweeper through sqlx, and
-    // the group commit through SQLite's own API (`batch.rs`), which keeps
-    // its own prepared statements while it holds the connection.
+    // The writer pool's one connection runs the migrations through sqlx;
+    // then the group commit takes it for good and runs every write through
+    // SQLite's own API (`batch.rs`), the lock sweep included.
     let writer = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(settings.acquire_timeout)

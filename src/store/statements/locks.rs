@@ -11,8 +11,10 @@ pub struct LockSql {
     pub release: Stmt,
     pub renew: Stmt,
     pub sweep_lock_floor: Option<String>,
-    pub sweep_delete: String,
-    pub sweep_raise_floor: String,
+    /// Shared, not copied: on SQLite the sweep hands them to the group
+    /// commit's thread.
+    pub sweep_delete: std::sync::Arc<str>,
+    pub sweep_raise_floor: std::sync::Arc<str>,
 }
 
 /// Columns every lock query returns, in this order.
@@ -88,7 +90,8 @@ impl LockSql {
                    AND expires_at <= {now} - $1 \
                    AND fencing_token <= (SELECT token FROM lock_token_floor WHERE id = 1) \
                  RETURNING resource"
-            ),
+            )
+            .into(),
             sweep_lock_floor: (!dialect.for_update.is_empty()).then(|| {
                 format!(
                     "SELECT token FROM lock_token_floor WHERE id = 1{}",
@@ -101,7 +104,8 @@ impl LockSql {
                                THEN MAX(fencing_token) ELSE lock_token_floor.token END \
                    FROM locks WHERE expires_at <= {now} - $1) \
                  WHERE id = 1"
-            ),
+            )
+            .into(),
         }
     }
 }
