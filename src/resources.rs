@@ -396,16 +396,17 @@ impl ResourceMap {
         // The fast path: for a canonical path both readings are the path
         // itself, the lenient one only comparing literals without regard to
         // case. If that names nothing, neither reading does.
-        if let Some(rest) = canonical_segments(raw_path) {
-            let Some(folded) = self.find(|| rest.split('/'), Case::Folded) else {
+        if let Some(canonical) = canonical_segments(raw_path) {
+            let segments = canonical.segments();
+            let Some(folded) = self.find(|| segments.iter().copied(), Case::Folded) else {
                 return Ok(Route::Unversioned);
             };
             // The usual versioned request: both readings are the same
             // segments, and where the exact-case match is the same pattern
             // as the case-blind one, both name the same route.
-            let exact = self.find(|| rest.split('/'), Case::Exact);
+            let exact = self.find(|| segments.iter().copied(), Case::Exact);
             if exact.is_some_and(|p| std::ptr::eq(p, folded)) {
-                let segments: Vec<String> = rest.split('/').map(str::to_string).collect();
+                let segments: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
                 return Self::route(folded.named(&segments));
             }
         }
@@ -574,6 +575,13 @@ fn first_reading(named: &[Option<Named>]) -> Reading {
 
 impl Pattern {
     fn matches<'a>(&self, segments: impl Iterator<Item = &'a str>, case: Case) -> bool {
+        // Segments counted up front (a slice's are) and not as many as the
+        // parts: no match, without comparing a literal.
+        if let (low, Some(high)) = segments.size_hint() {
+            if low == high && low != self.parts.len() {
+                return false;
+            }
+        }
         let mut parts = self.parts.iter();
         for seg in segments {
             let fits = match parts.next() {
@@ -904,21 +912,46 @@ fn dot_segment(raw: &str) -> Option<usize> {
         .filter(|_| rest.is_empty())
 }
 
+/// The most segments [`canonical_segments`] holds; a longer path takes the
+/// way every path can take (it is still classified, only more slowly).
+const CANONICAL_SEGMENTS: usize = 16;
+
+/// The segments of a canonical path, split once and kept on the stack:
+/// every pattern is compared with them.
+#[derive(Debug, PartialEq, Eq)]
+struct Canonical<'a> {
+    parts: [&'a str; CANONICAL_SEGMENTS],
+    len: usize,
+}
+
+impl<'a> Canonical<'a> {
+    fn segments(&self) -> &[&'a str] {
+        &self.parts[..self.len]
+    }
+}
+
 /// For a path that both readings give back as it is (absolute, only
 /// unreserved characters of RFC 3986 §2.3, no empty, `.` or `..` segment,
-/// no trailing slash, not `/`): the path without its leading `/`. Pure,
-/// allocates nothing.
-fn canonical_segments(raw_path: &str) -> Option<&str> {
+/// no trailing slash, not `/`) of at most [`CANONICAL_SEGMENTS`]
+/// segments: its segments. Pure, allocates nothing.
+fn canonical_segments(raw_path: &str) -> Option<Canonical<'_>> {
     let rest = raw_path.strip_prefix('/')?;
-    let canonical = rest.split('/').all(|seg| {
-        !seg.is_empty()
+    let mut canonical = Canonical {
+        parts: [""; CANONICAL_SEGMENTS],
+        len: 0,
+    };
+    for seg in rest.split('/') {
+        let plain = !seg.is_empty()
             && seg != "."
             && seg != ".."
             && seg
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
-    });
-    canonical.then_some(rest)
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
+        let slot = canonical.parts.get_mut(canonical.len).filter(|_| plain)?;
+        *slot = seg;
+        canonical.len += 1;
+    }
+    Some(canonical)
 }
 
 /// Re-encodes decoded segments into a canonical absolute path.
@@ -1250,8 +1283,10 @@ mod tests {
 
     #[test]
     fn canonical_paths_are_recognised_without_decoding() {
-        for p in ["/a", "/articles/42", "/a.b/c-d/e_f/~g", "/x/..y"] {
-            assert_eq!(canonical_segments(p), p.strip_prefix('/'), "{p}");
+        let sixteen = "/s".repeat(CANONICAL_SEGMENTS);
+        for p in ["/a", "/articles/42", "/a.b/c-d/e_f/~g", "/x/..y", &sixteen] {
+            let canonical = canonical_segments(p).map(|c| c.segments().join("/"));
+            assert_eq!(canonical.as_deref(), p.strip_prefix('/'), "{p}");
             let segs = strict_segments(p).unwrap();
             assert_eq!(encode_path(&segs), p, "{p}");
             assert_eq!(lenient_segments(p), segs, "{p}");
@@ -1262,6 +1297,26 @@ mod tests {
         ] {
             assert_eq!(canonical_segments(p), None, "{p}");
         }
+        // One segment more than the fast path holds: the full classification
+        // takes it.
+        assert_eq!(canonical_segments(&format!("{sixteen}/s")), None);
+    }
+
+    /// Paths longer than the fast path holds are classified all the same,
+    /// aliases refused included.
+    #[test]
+    fn paths_of_many_segments_are_routed_and_checked_too() {
+        let deep = format!("{}/{{id}}", "/d".repeat(CANONICAL_SEGMENTS));
+        let map = ResourceMap::new(&[entry(&deep, None)]).unwrap();
+        let path = format!("{}/7", "/d".repeat(CANONICAL_SEGMENTS));
+        let key = path.trim_start_matches('/');
+        assert_eq!(map.classify(&path), Ok(item(key, &path)));
+        assert_eq!(
+            map.classify(&path.to_uppercase()),
+            map.classify_all_readings(&path.to_uppercase())
+        );
+        assert!(map.classify(&format!("{path};x")).is_err());
+        assert_eq!(map.classify(&format!("{path}/8")), Ok(Route::Unversioned));
     }
 
     #[test]
