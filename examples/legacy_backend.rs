@@ -65,6 +65,11 @@
 //! * `X-Backend-No-Location: 1`: a `POST` answers 201 without `Location`.
 //! * `X-Backend-ETag: T`: whatever the answer (an error, a redirect …), it
 //!   carries `ETag: T` in place of the backend's own.
+//! * `X-Backend-Compress: 1`: the answer's body is compressed as
+//!   `/_backend/raw` bodies are (by the request's `Accept-Encoding`), its
+//!   status and other headers kept.
+//! * `X-Backend-Add-Header: name: value` (repeatable): the answer also
+//!   carries that header.
 //! * `X-Backend-Close-After-Ms: N`: answer as usual (keep-alive), then close
 //!   the connection N ms later without a word, as a backend whose
 //!   keep-alive timeout runs out does.
@@ -381,7 +386,29 @@ async fn handle_on(
     let close_after =
         header_str(req.headers(), "x-backend-close-after-ms").and_then(|v| v.parse::<u64>().ok());
     let etag = req.headers().get("x-backend-etag").cloned();
+    let compress = flag(req.headers(), "x-backend-compress").then(|| req.headers().clone());
+    let added: Vec<(http::header::HeaderName, HeaderValue)> = req
+        .headers()
+        .get_all("x-backend-add-header")
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.split_once(':'))
+        .filter_map(|(name, value)| {
+            Some((
+                http::header::HeaderName::from_bytes(name.trim().as_bytes()).ok()?,
+                HeaderValue::from_str(value.trim()).ok()?,
+            ))
+        })
+        .collect();
     let mut resp = handle(shared, conn.id, req).await;
+    if let (Some(request), Ok(answer)) = (compress, resp.as_mut()) {
+        let taken = std::mem::replace(answer, Response::new(empty()));
+        *answer = compressed(&request, taken).await;
+    }
+    if let Ok(resp) = resp.as_mut() {
+        for (name, value) in added {
+            resp.headers_mut().append(name, value);
+        }
+    }
     if let (Ok(resp), Some(value)) = (&mut resp, &keep_alive.header) {
         resp.headers_mut().insert(
             http::header::HeaderName::from_static("keep-alive"),
@@ -1131,6 +1158,32 @@ fn raw_response(
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding));
     }
     resp
+}
+
+/// `answer` with its body compressed as [`raw_response`] compresses, its
+/// status and other headers kept (`X-Backend-Compress`).
+async fn compressed(request: &HeaderMap, answer: Response<RespBody>) -> Response<RespBody> {
+    use http_body_util::BodyExt;
+    let (parts, body) = answer.into_parts();
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/json"));
+    let raw = raw_response(request, &content_type, &bytes);
+    let (raw_parts, raw_body) = raw.into_parts();
+    let mut out = Response::from_parts(parts, raw_body);
+    for name in [CONTENT_LENGTH, CONTENT_ENCODING, VARY] {
+        match raw_parts.headers.get(&name) {
+            Some(value) => out.headers_mut().insert(name, value.clone()),
+            None => out.headers_mut().remove(name),
+        };
+    }
+    out
 }
 
 fn not_found() -> Response<RespBody> {

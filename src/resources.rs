@@ -662,9 +662,12 @@ impl Pattern {
 }
 
 /// Simple case folding, as case-insensitive matchers do it: upper then
-/// lower case, so `ſ` is `s` and the Kelvin sign is `k`.
+/// lower case, so `ſ` is `s` and the Kelvin sign is `k`. `İ` (U+0130)
+/// folds to `i`: Java's `equalsIgnoreCase` and every simple lower-case
+/// mapping read it so, where the full mapping gives `i` and a combining dot.
 fn fold(s: &str) -> impl Iterator<Item = char> + '_ {
     s.chars()
+        .map(|c| if c == '\u{130}' { 'i' } else { c })
         .flat_map(char::to_uppercase)
         .flat_map(char::to_lowercase)
 }
@@ -1228,8 +1231,10 @@ mod tests {
             ("ARTICLES", "articles", true),
             ("articles", "Articles", true),
             ("article", "articles", false),
-            ("\u{17F}tate", "state", true), // long s
-            ("\u{212A}ey", "key", true),    // Kelvin sign
+            ("\u{17F}tate", "state", true),       // long s
+            ("\u{212A}ey", "key", true),          // Kelvin sign
+            ("ART\u{130}CLES", "articles", true), // dotted capital I, as Java reads it
+            ("art\u{131}cles", "articles", true), // dotless small i
             ("CAFÉ", "café", true),
             ("cafe", "café", false),
         ] {

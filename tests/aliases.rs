@@ -69,6 +69,9 @@ async fn stale_writes_through_aliases_are_refused_or_get_409_and_never_reach_the
         // Express matches literals without regard to case.
         ("PATCH", "/Articles/42", vec![], ambiguous),
         ("DELETE", "/ARTICLES/42", vec![], ambiguous),
+        // Java's equalsIgnoreCase reads the dotted capital I as `i`.
+        ("PUT", "/art%C4%B0cles/42", vec![], ambiguous),
+        ("PATCH", "/ART%C4%B0CLES/42", vec![], ambiguous),
         // WSGI decodes %2F.
         ("PATCH", "/articles%2F42", vec![], ambiguous),
         ("PATCH", "/articles%2f42", vec![], ambiguous),
@@ -96,6 +99,21 @@ async fn stale_writes_through_aliases_are_refused_or_get_409_and_never_reach_the
             Want::Conflict,
         ),
         ("POST", "/articles/42?_method=PATCH", vec![], Want::Conflict),
+        // The parameter's name in any case, `;` as a separator, and the
+        // headers spelt with `_` (CGI and WSGI read both spellings alike).
+        ("POST", "/articles/42?_METHOD=put", vec![], Want::Conflict),
+        (
+            "POST",
+            "/articles/42?a=1;_method=PATCH",
+            vec![],
+            Want::Conflict,
+        ),
+        (
+            "POST",
+            "/articles/42",
+            vec![("X_HTTP_Method_Override", "PATCH")],
+            Want::Conflict,
+        ),
         // …or refused when they name anything else.
         (
             "POST",

@@ -334,3 +334,105 @@ async fn repeated_reads_of_a_changing_body_are_each_stamped_from_their_own_bytes
         }
     }
 }
+
+/// `req` with the four digest headers, or (`via_backend`) asking the
+/// backend to answer with them.
+fn with_digests(
+    mut req: common::RequestBuilder<'_>,
+    via_backend: bool,
+) -> common::RequestBuilder<'_> {
+    for (name, value) in DIGESTS {
+        req = if via_backend {
+            req.header("x-backend-add-header", format!("{name}: {value}"))
+        } else {
+            req.header(name, value)
+        };
+    }
+    req
+}
+
+/// The digest headers a body can carry (RFC 9530, and the older two).
+const DIGESTS: [(&str, &str); 4] = [
+    (
+        "content-digest",
+        "sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:",
+    ),
+    (
+        "repr-digest",
+        "sha-256=:RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=:",
+    ),
+    (
+        "digest",
+        "SHA-256=RK/0qy18MlBSVnWgjwz6lZEWjP/lF5HF9bvEF8FabDg=",
+    ),
+    ("content-md5", "2+5xPHdAgX2d37uY/DDpjg=="),
+];
+
+#[tokio::test]
+async fn body_digests_go_where_lockstep_changes_the_body_and_stay_elsewhere() {
+    let backend = Backend::start();
+    seed_raw(&backend, "/articles/dg", "application/json", "{\"a\":1}").await;
+    backend
+        .seed("/articles/dw", serde_json::json!({"a": 1}))
+        .await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+
+    // A stamped read: the backend's digests no longer hold.
+    let get = with_digests(client.get(lockstep.proxy_url_for("/articles/dg")), true)
+        .send()
+        .await;
+    assert_eq!(get.text(), "{\"a\":1,\"version\":1}", "{get:?}");
+    for (name, _) in DIGESTS {
+        assert_eq!(get.header(name), None, "{name} on a stamped read: {get:?}");
+    }
+    // Off the versioned routes the body is the backend's, and so are they.
+    let plain = with_digests(client.get(lockstep.proxy_url_for("/echo/dg")), true)
+        .send()
+        .await;
+    for (name, value) in DIGESTS {
+        assert_eq!(plain.header(name).as_deref(), Some(value), "{plain:?}");
+    }
+
+    // A write whose version member is taken out: the client's digests go.
+    let cut = with_digests(
+        client
+            .request(Method::PATCH, lockstep.proxy_url_for("/articles/dw"))
+            .header("content-type", "application/json")
+            .body("{\"version\":1,\"a\":2}"),
+        false,
+    )
+    .send()
+    .await;
+    assert_eq!(cut.status, 200, "{cut:?}");
+    // A write that names its version in If-Match is forwarded as sent,
+    // digests and all.
+    let kept = with_digests(
+        client
+            .request(Method::PATCH, lockstep.proxy_url_for("/articles/dw"))
+            .header("content-type", "application/json")
+            .if_match(2)
+            .body("{\"a\":3}"),
+        false,
+    )
+    .send()
+    .await;
+    assert_eq!(kept.status, 200, "{kept:?}");
+    let patches = received(&backend, "PATCH", "/articles/dw").await;
+    assert_eq!(patches.len(), 2, "{patches:?}");
+    assert_eq!(patches[0]["body"], "{\"a\":2}");
+    assert_eq!(patches[1]["body"], "{\"a\":3}");
+    for (name, value) in DIGESTS {
+        assert!(
+            patches[0]["headers"].get(name).is_none(),
+            "{name}: {}",
+            patches[0]
+        );
+        assert_eq!(
+            patches[1]["headers"][name],
+            serde_json::json!([value]),
+            "{}",
+            patches[1]
+        );
+    }
+}

@@ -56,6 +56,12 @@ async fn missing_database_fails_closed_then_recovers_without_restart() {
     assert_eq!(write.status, 503, "{write:?}");
     assert_eq!(write.json()["type"], "unavailable");
     assert!(backend.log_for("/counters/c1").await.is_empty());
+    let created = c
+        .post(lockstep.proxy_url_for("/articles"), json!({"id": "a1"}))
+        .send()
+        .await;
+    assert_eq!(created.status, 503, "{created:?}");
+    assert!(backend.log_for("/articles").await.is_empty());
     let lock = c
         .post(
             lockstep.admin_url_for("/locks/job:1"),

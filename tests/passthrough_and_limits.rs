@@ -319,6 +319,70 @@ async fn a_request_without_host_reaches_the_backend_with_the_backends_host() {
     );
 }
 
+#[tokio::test]
+async fn host_must_name_one_host_and_an_absolute_target_names_it_instead() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let addr = lockstep.proxy_addr();
+    // RFC 9112 §3.2: 400 for two Host lines, an HTTP/1.1 request without
+    // one, or one that is no host; on versioned and other routes alike.
+    for (what, request) in [
+        (
+            "two Host lines",
+            "GET /echo/h HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+        ),
+        (
+            "two Host lines on a write",
+            "PUT /articles/h HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        ),
+        (
+            "no Host in HTTP/1.1",
+            "GET /echo/h HTTP/1.1\r\nConnection: close\r\n\r\n",
+        ),
+        (
+            "user information in Host",
+            "GET /echo/h HTTP/1.1\r\nHost: me@a.example\r\nConnection: close\r\n\r\n",
+        ),
+    ] {
+        let answer = raw_http1(addr, request).await;
+        assert_eq!(raw_status(&answer), Some(400), "{what}: {answer}");
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{what}: {answer}"
+        );
+        assert!(answer.contains("invalid-request"), "{what}: {answer}");
+    }
+    for path in ["/echo/h", "/articles/h"] {
+        let seen = backend.log_for(path).await;
+        assert!(
+            seen.is_empty(),
+            "a request with a bad Host reached the backend: {seen:?}"
+        );
+    }
+
+    // An absolute-form target names the host; its Host line is ignored.
+    let answer = raw_http1(
+        addr,
+        "GET http://target.example:8443/echo/h HTTP/1.1\r\nHost: other.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(raw_status(&answer), Some(200), "{answer}");
+    let report: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(report["path"], "/echo/h", "{report}");
+    assert_eq!(
+        report["headers"]["host"],
+        json!(["target.example:8443"]),
+        "{report}"
+    );
+    assert_eq!(
+        report["headers"]["x-forwarded-host"],
+        json!(["target.example:8443"]),
+        "{report}"
+    );
+}
+
 /// lockstep with one proxy worker: one upstream pool, so which backend
 /// connection a request used is up to that pool alone.
 fn one_worker_in_front_of(backend: &Backend) -> LockstepBuilder {

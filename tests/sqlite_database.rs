@@ -207,6 +207,17 @@ async fn fails_closed(lockstep: &Lockstep, backend: &Backend) {
         .send()
         .await;
     assert_eq!(fresh.status, 503, "{fresh:?}");
+    // A create too: the table could not record it, and a reused id would
+    // keep the version its DELETE left.
+    let created = client
+        .post(
+            lockstep.proxy_url_for("/articles"),
+            json!({"id": "while-down"}),
+        )
+        .send()
+        .await;
+    assert_eq!(created.status, 503, "{created:?}");
+    assert_eq!(created.json()["type"], "unavailable", "{created:?}");
     assert!(
         backend.log().await.is_empty(),
         "the backend saw a versioned write"

@@ -636,6 +636,31 @@ async fn a_backend_etag_never_passes_on_a_versioned_route() {
     assert_eq!(refused_create.status, 422, "{refused_create:?}");
     assert_eq!(refused_create.etag(), None, "{refused_create:?}");
 
+    // Methods the route does not version pass through, but not with the
+    // backend's tag: a client could send it back in an If-Match.
+    for (method, path) in [
+        ("POST", "/articles/fe"),
+        ("OPTIONS", "/articles/fe"),
+        ("MERGE", "/articles/fe"),
+        ("GET", "/articles"),
+        ("OPTIONS", "/articles"),
+    ] {
+        let resp = client
+            .request(method.parse().unwrap(), lockstep.proxy_url_for(path))
+            .header("x-backend-etag", foreign)
+            .send()
+            .await;
+        assert!(resp.status < 500, "{method} {path}: {resp:?}");
+        assert_eq!(resp.etag(), None, "{method} {path}: {resp:?}");
+    }
+    // Off the versioned routes, the backend's tag is the backend's business.
+    let plain = client
+        .get(lockstep.proxy_url_for("/echo/fe"))
+        .header("x-backend-etag", foreign)
+        .send()
+        .await;
+    assert_eq!(plain.etag().as_deref(), Some(foreign), "{plain:?}");
+
     // Where lockstep does tag, its tag replaces the backend's (version 2:
     // the 503 to the PATCH above may have applied it).
     let ok = client

@@ -984,6 +984,51 @@ async fn post_answering_a_json_id_without_location_stamps_the_item() {
 }
 
 #[tokio::test]
+async fn a_compressed_create_answer_naming_only_its_json_id_is_versioned() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    for coding in ["gzip", "br", "zstd"] {
+        let id = format!("packed-{coding}");
+        let item = lockstep.proxy_url_for(&format!("/articles/{id}"));
+        let put = client.put(&item, json!({"id": id, "t": 1})).send().await;
+        assert_eq!(put.etag().as_deref(), Some("\"2\""), "{put:?}");
+        let deleted = client.delete(&item).if_match(2).send().await;
+        assert_eq!(deleted.status, 204, "{deleted:?}");
+
+        // The id again, answered 201 with the body compressed and no
+        // Location: the key is read from the decompressed body.
+        let reused = client
+            .post(lockstep.proxy_url_for("/articles"), json!({"id": id}))
+            .header("x-backend-no-location", "1")
+            .header("x-backend-compress", "1")
+            .header("accept-encoding", coding)
+            .send()
+            .await;
+        assert_eq!(reused.status, 201, "{reused:?}");
+        assert_eq!(reused.header("content-encoding").as_deref(), Some(coding));
+        assert_eq!(
+            reused.etag().as_deref(),
+            Some("\"4\""),
+            "{coding}: {reused:?}"
+        );
+        // A client still holding the version from before the delete is
+        // refused, and the new item is left alone.
+        let stale = client
+            .put(&item, json!({"id": id, "t": "stale"}))
+            .if_match(3)
+            .send()
+            .await;
+        assert_eq!(stale.status, 409, "{coding}: {stale:?}");
+        assert_eq!(stale.json()["current_version"], 4);
+        assert_eq!(
+            backend.stored(&format!("/articles/{id}")).await,
+            Some(json!({"id": id}))
+        );
+    }
+}
+
+#[tokio::test]
 async fn post_reusing_a_deleted_id_gets_one_past_the_deletes_version() {
     let backend = Backend::start();
     let lockstep = Lockstep::in_front_of(&backend);

@@ -136,13 +136,9 @@ pub fn drop_length_beside_transfer_encoding(headers: &mut HeaderMap) {
 }
 
 /// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` (from `Host`, or the HTTP/2 authority).
-pub fn add_forwarded(
-    headers: &mut HeaderMap,
-    client: IpAddr,
-    proto: &str,
-    authority: Option<&str>,
-) {
+/// `X-Forwarded-Host` (from `Host`, which the caller has set from the
+/// request's authority when it had one).
+pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &str) {
     let xff = HeaderName::from_static("x-forwarded-for");
     // Room for any one address: no regrowth in the common case.
     let mut value = String::with_capacity(40);
@@ -158,11 +154,7 @@ pub fn add_forwarded(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
     );
-    let host = headers
-        .get(header::HOST)
-        .cloned()
-        .or_else(|| authority.and_then(|a| HeaderValue::from_str(a).ok()));
-    if let Some(host) = host {
+    if let Some(host) = headers.get(header::HOST).cloned() {
         headers.insert(HeaderName::from_static("x-forwarded-host"), host);
     }
 }
@@ -318,18 +310,14 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append("x-forwarded-for", "10.0.0.1".parse().unwrap());
         h.append("x-forwarded-for", "10.0.0.2, 10.0.0.3".parse().unwrap());
-        add_forwarded(
-            &mut h,
-            "::1".parse().unwrap(),
-            "https",
-            Some("api.example:8443"),
-        );
+        h.insert("host", "api.example:8443".parse().unwrap());
+        add_forwarded(&mut h, "::1".parse().unwrap(), "https");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 10.0.0.3, ::1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h["x-forwarded-host"], "api.example:8443");
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "192.0.2.7".parse().unwrap(), "http", None);
+        add_forwarded(&mut h, "192.0.2.7".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "192.0.2.7");
         assert!(!h.contains_key("x-forwarded-host"));
     }
@@ -358,7 +346,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
         h.insert("host", "api.example".parse().unwrap());
-        add_forwarded(&mut h, "127.0.0.1".parse().unwrap(), "http", None);
+        add_forwarded(&mut h, "127.0.0.1".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "api.example");

@@ -210,23 +210,26 @@ impl Upstream {
         path_and_query: PathAndQuery,
         inbound: Inbound<'_>,
     ) {
-        let authority = req.uri().authority().map(|a| a.as_str().to_string());
+        // The request's own authority (HTTP/2's, or an HTTP/1.1 request
+        // in absolute form) wins over a `Host` header (RFC 9112 §3.2.2).
+        let authority = req.uri().host().and_then(|host| {
+            let value = match req.uri().port_u16() {
+                Some(port) => HeaderValue::try_from(format!("{host}:{port}")),
+                None => HeaderValue::try_from(host),
+            };
+            value.ok()
+        });
         *req.uri_mut() = Uri::from(path_and_query);
         *req.version_mut() = Version::HTTP_11;
         let headers = req.headers_mut();
         headers::strip_hop_by_hop(headers);
-        headers::add_forwarded(
-            headers,
-            inbound.client_ip,
-            inbound.proto,
-            authority.as_deref(),
-        );
+        if let Some(authority) = authority {
+            headers.insert(http::header::HOST, authority);
+        }
+        headers::add_forwarded(headers, inbound.client_ip, inbound.proto);
         if !headers.contains_key(http::header::HOST) {
-            // HTTP/2 names the host in the URI; HTTP/1.0 may not name it.
-            let host = authority
-                .and_then(|a| HeaderValue::try_from(a).ok())
-                .or_else(|| self.host.clone());
-            if let Some(host) = host {
+            // HTTP/1.0 may not name its host.
+            if let Some(host) = self.host.clone() {
                 headers.insert(http::header::HOST, host);
             }
         }

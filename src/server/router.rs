@@ -78,6 +78,9 @@ impl ProxyRouter {
             let e = Error::MethodNotAllowed(PROXY_METHODS);
             return refused(&req, RequestKind::Passthrough, &e, started);
         }
+        if let Some(e) = host_problem(&req) {
+            return refused(&req, RequestKind::Passthrough, &e, started);
+        }
         if let Some(prefix) = &self.lock_prefix {
             if let Some(rest) = req.uri().path().strip_prefix(prefix.as_ref()) {
                 if let Some(resource) = rest.strip_prefix("/locks/") {
@@ -131,11 +134,15 @@ impl ProxyRouter {
         }
         match self.versioning.handle(req, &route, inbound).await {
             Ok(answered) => answered,
-            // A method the route does not version (OPTIONS, POST on an item…).
-            Err(req) => (
-                RequestKind::Passthrough,
-                self.passthrough(req, inbound, started).await,
-            ),
+            // A method the route does not version (OPTIONS, POST on an item,
+            // GET on a collection…). Its answer loses the backend's ETag:
+            // every ETag a client sees on a versioned route is one lockstep
+            // issued, so none can be sent back in an If-Match by mistake.
+            Err(req) => {
+                let mut resp = self.passthrough(req, inbound, started).await;
+                resp.headers_mut().remove(header::ETAG);
+                (RequestKind::Passthrough, resp)
+            }
         }
     }
 
@@ -172,6 +179,34 @@ impl ProxyRouter {
         log_passthrough(&method, uri.path(), &resp, outcome, started);
         resp
     }
+}
+
+/// Why an HTTP/1 request's `Host` cannot be forwarded (RFC 9112 §3.2: a
+/// server answers 400 to an HTTP/1.1 request without `Host`, and to any
+/// with two `Host` lines or one that is not a host and port): two hosts
+/// would leave the backend and lockstep to pick different ones. HTTP/2
+/// names its authority in the request itself.
+fn host_problem(req: &Request<Incoming>) -> Option<Error> {
+    if req.version() > Version::HTTP_11 {
+        return None;
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let detail = match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => "the request has more than one Host header; send exactly one".into(),
+        (None, _) if req.version() == Version::HTTP_11 => {
+            "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)".into()
+        }
+        (Some(host), None) if !host.is_empty() && !is_host_and_port(host.as_bytes()) => {
+            format!("the Host header {host:?} is not a host with an optional port")
+        }
+        _ => return None,
+    };
+    Some(Error::InvalidRequest(detail))
+}
+
+/// `uri-host [ ":" port ]`, as an authority without user information.
+fn is_host_and_port(value: &[u8]) -> bool {
+    !value.contains(&b'@') && http::uri::Authority::try_from(value).is_ok()
 }
 
 /// A passthrough's answer and, for the access line, `"proxied"` or the

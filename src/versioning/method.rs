@@ -83,10 +83,22 @@ pub fn effective(
     }
 }
 
+/// The override headers spelt with `_` for `-`: CGI and WSGI servers put
+/// both spellings under one name (`HTTP_X_HTTP_METHOD_OVERRIDE`), so a
+/// backend behind one may read either.
+const OVERRIDE_HEADERS_UNDERSCORED: [&str; 3] = [
+    "x_http_method_override",
+    "x_http_method",
+    "x_method_override",
+];
+
 /// Every override the request carries, as `(where, value)`.
 fn overrides(headers: &HeaderMap, query: Option<&str>) -> Result<Vec<(String, String)>, Error> {
     let mut found = Vec::new();
-    for name in OVERRIDE_HEADERS {
+    for name in OVERRIDE_HEADERS
+        .into_iter()
+        .chain(OVERRIDE_HEADERS_UNDERSCORED)
+    {
         for value in headers.get_all(name) {
             let value = value.to_str().map_err(|_| {
                 Error::InvalidRequest(format!("the {name} header is not visible ASCII"))
@@ -94,9 +106,12 @@ fn overrides(headers: &HeaderMap, query: Option<&str>) -> Result<Vec<(String, St
             found.push((name.to_string(), value.to_string()));
         }
     }
-    for pair in query.unwrap_or_default().split('&') {
+    // `;` separates parameters too for some query parsers (older Python,
+    // Go before 1.17), and the name is compared without regard to case:
+    // reading more spellings as overrides only checks more requests.
+    for pair in query.unwrap_or_default().split(['&', ';']) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if form_decode(key) == OVERRIDE_PARAM {
+        if form_decode(key).eq_ignore_ascii_case(OVERRIDE_PARAM) {
             found.push((
                 format!("query {OVERRIDE_PARAM}"),
                 form_decode(value).into_owned(),
@@ -180,6 +195,10 @@ mod tests {
             ),
             (vec![], Some("_method=patch"), Method::PATCH),
             (vec![], Some("a=1&%5Fmethod=DELETE"), Method::DELETE),
+            (vec![], Some("_METHOD=put"), Method::PUT),
+            (vec![], Some("a=1;_Method=PATCH"), Method::PATCH),
+            (vec![("X_HTTP_Method_Override", "PUT")], None, Method::PUT),
+            (vec![("x_method_override", "DELETE")], None, Method::DELETE),
             (
                 vec![("x-http-method-override", "PATCH")],
                 Some("_method=patch"),

@@ -467,6 +467,9 @@ impl Versioning {
         }
         parts.headers.remove(header::TRANSFER_ENCODING);
         let forward_len: usize = forward_body.iter().map(Bytes::len).sum();
+        if forward_len != raw.len() {
+            stamp::drop_body_digests(&mut parts.headers);
+        }
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(forward_len));
@@ -789,6 +792,14 @@ impl Versioning {
                 return (None, Err(e.into()));
             }
         }
+        // Fail closed: a creation the version table could not record would
+        // leave a reused id at the version its DELETE left, which a client
+        // holding that version could then overwrite. A read of the table
+        // just before forwarding refuses the POST while the database is
+        // down (503), as every other write is refused.
+        if let Err(e) = self.store.current(collection).await {
+            return (None, Err(e.into()));
+        }
         let mut fwd = req.map(body::boxed);
         self.upstream.prepare(&mut fwd, pq, inbound);
         let resp = match self.upstream.send(fwd).await {
@@ -824,13 +835,15 @@ impl Versioning {
             Ok(b) => b,
             Err(e) => return (location_key, Err(e.into())),
         };
-        let key = location_key.or_else(|| match &buffered {
-            Collected::Complete(pieces) if stamp::is_json(&parts.headers) => {
-                id_of(&detect::split_bom(&splice::concat(pieces)).1)
-                    .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id))))
-            }
+        let key = match (location_key, &buffered) {
+            (Some(key), _) => Some(key),
+            (None, Collected::Complete(pieces)) if stamp::is_json(&parts.headers) => self
+                .plain_body(&parts.headers, pieces)
+                .await
+                .and_then(|plain| id_of(&detect::split_bom(&splice::concat(&plain)).1))
+                .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id)))),
             _ => None,
-        });
+        };
         let Some(key) = key else {
             parts.headers.remove(header::ETAG);
             let resp = Response::from_parts(parts, rebuild(buffered));
@@ -878,6 +891,22 @@ impl Versioning {
                 },
             )),
         )
+    }
+
+    /// A buffered body without its content coding (gzip, br, zstd…), so
+    /// that a compressed answer is read like a plain one; `None` when the
+    /// coding is unknown or the body does not decode within the limit.
+    async fn plain_body(&self, headers: &HeaderMap, pieces: &[Bytes]) -> Option<Vec<Bytes>> {
+        let coding = coding::of(headers).ok()?;
+        let Some(coding) = coding else {
+            return Some(pieces.to_vec());
+        };
+        let pieces = pieces.to_vec();
+        let limit = self.settings.max_body_bytes;
+        tokio::task::spawn_blocking(move || coding::decode(coding, &pieces, limit).ok().flatten())
+            .await
+            .ok()
+            .flatten()
     }
 
     fn item_key(&self, path: &str) -> Option<String> {
@@ -941,6 +970,9 @@ impl Versioning {
                 if let Ok(Some(_)) = coding {
                     // The coding followed the request's Accept-Encoding.
                     coding::vary_on_accept_encoding(&mut parts.headers);
+                }
+                if stamped.is_some() {
+                    stamp::drop_body_digests(&mut parts.headers);
                 }
                 let out = stamped.unwrap_or(pieces);
                 let len: usize = out.iter().map(Bytes::len).sum();

@@ -31,6 +31,19 @@ pub fn is_json(headers: &HeaderMap) -> bool {
     !kind.is_empty() && (subtype == "json" || subtype == "x-json" || subtype.ends_with("+json"))
 }
 
+/// Headers whose value is a digest of the body (RFC 9530 `Content-Digest`
+/// and `Repr-Digest`, and the older `Digest` and `Content-MD5`).
+const BODY_DIGESTS: [&str; 4] = ["content-digest", "repr-digest", "digest", "content-md5"];
+
+/// Removes the body digests from a message whose body lockstep changed
+/// (the version member stamped in or taken out): they would no longer
+/// match, and a receiver that checks them would refuse the message.
+pub fn drop_body_digests(headers: &mut HeaderMap) {
+    for name in BODY_DIGESTS {
+        headers.remove(name);
+    }
+}
+
 /// Whether the body is encoded (gzip …) and so cannot be rewritten.
 pub fn is_encoded(headers: &HeaderMap) -> bool {
     headers
