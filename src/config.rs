@@ -34,6 +34,12 @@ pub struct Config {
     pub resources: Vec<ResourceConfig>,
 }
 
+/// The longest any duration setting may be: ten years. Deadlines are
+/// computed as now plus the setting, in the database (milliseconds, stored
+/// exactly up to 2^53) and on the monotonic clock (which panics on
+/// overflow); a setting this long already means "never" in practice.
+pub const MAX_DURATION_MS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -326,9 +332,53 @@ impl Config {
         config.validate()
     }
 
+    /// Every duration setting, by its full name.
+    fn durations(&self) -> Vec<(&'static str, u64)> {
+        let (s, u, v, l) = (&self.server, &self.upstream, &self.versioning, &self.locks);
+        let mut all = vec![
+            ("server.drain_timeout_ms", s.drain_timeout_ms),
+            ("server.header_read_timeout_ms", s.header_read_timeout_ms),
+            ("server.idle_timeout_ms", s.idle_timeout_ms),
+            ("server.tls_reload_interval_ms", s.tls_reload_interval_ms),
+            ("upstream.connect_timeout_ms", u.connect_timeout_ms),
+            ("upstream.request_timeout_ms", u.request_timeout_ms),
+            ("upstream.pool_idle_timeout_ms", u.pool_idle_timeout_ms),
+            ("upstream.pool_write_reuse_ms", u.pool_write_reuse_ms),
+            (
+                "database.acquire_timeout_ms",
+                self.database.acquire_timeout_ms,
+            ),
+            ("versioning.write_lease_ms", v.write_lease_ms),
+            ("versioning.write_wait_ms", v.write_wait_ms),
+            ("locks.min_ttl_ms", l.min_ttl_ms),
+            ("locks.max_ttl_ms", l.max_ttl_ms),
+            ("locks.max_wait_ms", l.max_wait_ms),
+            (
+                "locks.api_tokens_reload_interval_ms",
+                l.api_tokens_reload_interval_ms,
+            ),
+            ("locks.sweep_interval_ms", l.sweep_interval_ms),
+            ("locks.retention_ms", l.retention_ms),
+        ];
+        if let Some(ttl) = l.default_ttl_ms {
+            all.push(("locks.default_ttl_ms", ttl));
+        }
+        all
+    }
+
     /// Checks every value and combination; returns the checked form.
     pub fn validate(self) -> Result<Validated, ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if let Some((name, ms)) = self
+            .durations()
+            .into_iter()
+            .find(|(_, ms)| *ms > MAX_DURATION_MS)
+        {
+            return invalid(format!(
+                "{name} ({ms}) is more than ten years ({MAX_DURATION_MS} ms): a deadline that far \
+                 out would not fit the database's timestamps or the clock's arithmetic"
+            ));
+        }
         let listen = parse_addr("server.listen", &self.server.listen)?;
         let admin_listen = parse_addr("server.admin_listen", &self.server.admin_listen)?;
         if self.server.max_body_bytes == 0 {
@@ -453,6 +503,19 @@ impl Config {
                 "log.level {level:?} is not a valid level or filter"
             ));
         }
+        // A bare word is a valid filter (that target at every level), so a
+        // misspelt level (`inof`) would turn every other line off without a
+        // word. lockstep's filters name a target with `=`.
+        if let Some(word) = level
+            .split(',')
+            .map(str::trim)
+            .find(|d| !d.is_empty() && !d.contains('=') && !is_level_name(d))
+        {
+            return invalid(format!(
+                "log.level {level:?}: {word:?} is not a level (trace, debug, info, warn, error, off); \
+                 to filter by target write TARGET=LEVEL, e.g. \"info,lockstep::locks=debug\""
+            ));
+        }
         let resources = ResourceMap::new(&self.resources).map_err(ConfigError::Invalid)?;
         let s = &self.server;
         let proxy_tls = cert_pair(
@@ -554,6 +617,13 @@ pub struct Validated {
 // The typed settings each part receives. Keys and file stay in
 // milliseconds (`*_ms`); what leaves validation is a `Duration`, so no part
 // converts units on its own.
+
+/// Whether `word` is one of `tracing`'s level names (any case).
+fn is_level_name(word: &str) -> bool {
+    ["trace", "debug", "info", "warn", "error", "off"]
+        .iter()
+        .any(|l| l.eq_ignore_ascii_case(word))
+}
 
 /// Connection-level limits of a listener, from `[server]`.
 #[derive(Debug, Clone)]
@@ -981,12 +1051,22 @@ mod tests {
             ("[database]\nurl = \"mysql://x\"\n", "database.url"),
             ("[locks]\nmin_ttl_ms = 10\nmax_ttl_ms = 5\n", "min_ttl_ms"),
             ("[locks]\ndefault_ttl_ms = 1\n", "default_ttl_ms"),
+            (
+                "[locks]\nmax_ttl_ms = 9223372036854775807\n",
+                "locks.max_ttl_ms (9223372036854775807) is more than ten years",
+            ),
+            (
+                "[versioning]\nwrite_lease_ms = 400000000000\n",
+                "versioning.write_lease_ms (400000000000) is more than ten years",
+            ),
             ("[locks]\nproxy_prefix = \"x\"\n", "proxy_prefix"),
             (
                 "[locks]\nproxy_prefix = \"/_lockstep\"\n",
                 "locks.proxy_prefix \"/_lockstep\" needs locks.api_tokens_file",
             ),
             ("[log]\nformat = \"xml\"\n", "format"),
+            ("[log]\nlevel = \"inof\"\n", "\"inof\" is not a level"),
+            ("[log]\nlevel = \"warn,lockstep::locks\"\n", "is not a level"),
             ("[[resources]]\npattern = \"articles/{id}\"\n", "pattern"),
             ("[[resources]]\npattern = \"/a/{id\"\n", "pattern"),
             (

@@ -630,6 +630,20 @@ async fn bad_owner_or_body_is_400_and_stores_nothing(db: DbKind) {
             "owner with a newline",
             br#"{"owner": "worker\na", "ttl_ms": 1000}"#.to_vec(),
         ),
+        // A Lock-Owner header cannot carry these spaces: the holder could
+        // never release.
+        (
+            "owner with a leading space",
+            br#"{"owner": " worker-a", "ttl_ms": 1000}"#.to_vec(),
+        ),
+        (
+            "owner with a trailing space",
+            br#"{"owner": "worker-a ", "ttl_ms": 1000}"#.to_vec(),
+        ),
+        (
+            "owner of spaces only",
+            br#"{"owner": "   ", "ttl_ms": 1000}"#.to_vec(),
+        ),
         ("owner missing", br#"{"ttl_ms": 1000}"#.to_vec()),
         (
             "owner not a string",
@@ -939,6 +953,11 @@ async fn logs_show_acquire_conflict_renew_release(db: DbKind) {
         fingerprint("worker-a").as_str(),
         "{line}"
     );
+    // No label was given: every line still has the field, empty.
+    for event in ["acquire", "conflict", "renew"] {
+        let line = wait_event(&ls, event, "job:logged").await;
+        assert_eq!(field(&line, "label"), "", "{event}: {line}");
+    }
 
     let line = wait_event(&ls, "release", "job:logged").await;
     assert_eq!(

@@ -260,13 +260,15 @@ async fn labels_are_checked_and_stored_nothing_otherwise(db: DbKind) {
     assert_eq!(r.json()["label"], longest.as_str());
     // The label is set at acquire; a renew that carries one is refused and
     // changes nothing.
-    let r = c
-        .request(Method::PATCH, &url)
-        .json(&json!({"owner": "w", "ttl_ms": 1000, "label": "new"}))
-        .send()
-        .await;
-    assert_eq!(r.status, 400, "{r:?}");
-    assert!(r.json()["detail"].as_str().unwrap().contains("label"));
+    for label in [json!("new"), json!(null)] {
+        let r = c
+            .request(Method::PATCH, &url)
+            .json(&json!({"owner": "w", "ttl_ms": 1000, "label": label}))
+            .send()
+            .await;
+        assert_eq!(r.status, 400, "label {label}: {r:?}");
+        assert!(r.json()["detail"].as_str().unwrap().contains("label"));
+    }
     let g = get(&c, &url).await.json();
     assert_eq!(g["label"], longest.as_str(), "{g}");
     // A refresh with a new label replaces it; one without keeps it.

@@ -147,6 +147,19 @@ async fn a_new_database_is_announced_with_a_warning_naming_the_file() {
 }
 
 #[tokio::test]
+async fn a_database_in_a_missing_directory_is_created_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("var").join("lib");
+    let db = format!("sqlite://{}", nested.join("lockstep.db").display());
+    let lockstep = Lockstep::builder().database(&db).start();
+    let client = Client::new();
+    let ready = client.get(lockstep.admin_url_for("/readyz")).send().await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    assert!(nested.join("lockstep.db").is_file());
+    stop(lockstep).await;
+}
+
+#[tokio::test]
 async fn a_second_lockstep_on_the_same_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let db = sqlite_url(dir.path());

@@ -721,8 +721,12 @@ fn parse_admin(s: &str) -> Result<String, String> {
     Ok(s.trim_end_matches('/').to_owned())
 }
 
-/// A duration such as `500ms`, `30s`, `2m` or `1h`.
+/// A duration such as `500ms`, `30s`, `2m` or `1h`; a bare `0` is zero in
+/// any unit, as `--wait 0` reads.
 fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
     let expected = || format!("{s:?} is not a duration; expected e.g. 500ms, 30s, 2m or 1h");
@@ -758,6 +762,7 @@ mod tests {
     fn durations_need_a_unit() {
         for (text, ms) in [
             ("0s", 0),
+            ("0", 0),
             ("500ms", 500),
             ("30s", 30_000),
             ("2m", 120_000),

@@ -72,6 +72,10 @@ struct LockBody {
     owner: Option<serde_json::Value>,
     ttl_ms: Option<serde_json::Value>,
     label: Option<serde_json::Value>,
+    /// Whether the body had a `label` member at all (`null` included),
+    /// which a renew refuses.
+    #[serde(skip)]
+    label_given: bool,
 }
 
 impl Locks {
@@ -170,7 +174,7 @@ impl Locks {
                             target: "lockstep::locks",
                             event = "reclaim",
                             resource, owner_fingerprint = %fingerprint,
-                            label = lock.label.as_deref(),
+                            label = lock.label.as_deref().unwrap_or(""),
                             previous_owner_fingerprint = %owner_fingerprint(previous_owner),
                             expired_for_ms, fencing_token = lock.fencing_token,
                             ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
@@ -180,7 +184,7 @@ impl Locks {
                             target: "lockstep::locks",
                             event = "refresh",
                             resource, owner_fingerprint = %fingerprint,
-                            label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                            label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                             ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
                             "lock re-acquired by its holder"
                         ),
@@ -188,7 +192,7 @@ impl Locks {
                             target: "lockstep::locks",
                             event = "acquire",
                             resource, owner_fingerprint = %fingerprint,
-                            label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                            label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                             ttl_ms = ttl.as_millis() as u64, wait_ms = waited_ms,
                             "lock acquired"
                         ),
@@ -207,9 +211,9 @@ impl Locks {
                             target: "lockstep::locks",
                             event = "conflict",
                             resource, owner_fingerprint = %fingerprint,
-                            label = label.as_deref(),
+                            label = label.as_deref().unwrap_or(""),
                             holder_fingerprint = %owner_fingerprint(&holder.owner),
-                            holder_label = holder.label.as_deref(),
+                            holder_label = holder.label.as_deref().unwrap_or(""),
                             fencing_token = holder.fencing_token,
                             wait_ms = started.elapsed().as_millis() as u64,
                             "lock held by another owner"
@@ -268,7 +272,7 @@ impl Locks {
                         target: "lockstep::locks",
                         event = "release",
                         resource, owner_fingerprint = %fingerprint,
-                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                        label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                         held_ms, ttl_ms, held_fraction = fraction,
                         "lock released after holding most of its TTL"
                     );
@@ -277,7 +281,7 @@ impl Locks {
                         target: "lockstep::locks",
                         event = "release",
                         resource, owner_fingerprint = %fingerprint,
-                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                        label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                         held_ms,
                         "lock released"
                     );
@@ -297,7 +301,7 @@ impl Locks {
                         target: "lockstep::locks",
                         event = "release-expired",
                         resource, owner_fingerprint = %fingerprint,
-                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                        label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                         held_ms = lock.now_ms - lock.acquired_at_ms,
                         expired_for_ms = lock.now_ms - lock.expires_at_ms,
                         "lock released after its TTL had expired"
@@ -315,7 +319,7 @@ impl Locks {
     async fn renew(&self, req: Request<Incoming>, resource: &str) -> Result<Response<Body>> {
         let body = read_body(req).await?;
         let owner = owner_of(&body)?;
-        if body.label.is_some() {
+        if body.label_given {
             return Err(Error::InvalidBody(
                 "label is given at acquire (POST); a renew takes only owner and ttl_ms".into(),
             ));
@@ -329,7 +333,7 @@ impl Locks {
                     target: "lockstep::locks",
                     event = "renew",
                     resource, owner_fingerprint = %fingerprint,
-                    label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                    label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                     ttl_ms = ttl.as_millis() as u64,
                     "lock renewed"
                 );
@@ -348,7 +352,7 @@ impl Locks {
                         target: "lockstep::locks",
                         event = "renew-expired",
                         resource, owner_fingerprint = %fingerprint,
-                        label = lock.label.as_deref(), fencing_token = lock.fencing_token,
+                        label = lock.label.as_deref().unwrap_or(""), fencing_token = lock.fencing_token,
                         expired_for_ms = lock.now_ms - lock.expires_at_ms,
                         "renew of a lock whose TTL had expired"
                     );
@@ -562,14 +566,25 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
             LOCK_BODY_MEMBERS.join(", ")
         )));
     }
-    serde_json::from_value(value)
-        .map_err(|e| Error::InvalidBody(format!("invalid lock request: {e}")))
+    let label_given = members.contains_key("label");
+    let mut body: LockBody = serde_json::from_value(value)
+        .map_err(|e| Error::InvalidBody(format!("invalid lock request: {e}")))?;
+    body.label_given = label_given;
+    Ok(body)
 }
 
 fn owner_of(body: &LockBody) -> Result<String> {
     match &body.owner {
         Some(serde_json::Value::String(s)) => {
             check_name("owner", s).map_err(|e| Error::InvalidBody(e.to_string()))?;
+            // HTTP drops spaces around a header value: such an owner could
+            // take the lock but never name itself in `Lock-Owner` to
+            // release it.
+            if s.starts_with(' ') || s.ends_with(' ') {
+                return Err(Error::InvalidBody(
+                    "owner must not begin or end with a space: a Lock-Owner header cannot carry those, so the holder could never release the lock".into(),
+                ));
+            }
             Ok(s.clone())
         }
         None | Some(serde_json::Value::Null) => Err(Error::InvalidBody("owner is required".into())),

@@ -207,7 +207,7 @@ impl Writer {
         // BEGIN and COMMIT; the jobs' statements are kept in `prepared`.
         db.set_prepared_statement_cache_capacity(2);
         let mut prepared = Prepared::new(&db);
-        let fit = loop {
+        let fit = 'serve: loop {
             match self.file.as_deref().map(FileIdentity::check) {
                 Some(Err(lost)) => {
                     for job in std::mem::take(&mut jobs) {
@@ -215,14 +215,29 @@ impl Writer {
                     }
                 }
                 _ => {
-                    let started = Instant::now();
-                    let outcome = run_batch(&db, &mut prepared, &jobs);
-                    let statements = jobs.iter().map(|job| 1 + job.then.len()).sum();
-                    self.metrics.observe_batch(statements, started.elapsed());
-                    let broken = matches!(&outcome, Err(failed) if failed.broken);
-                    answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
-                    if broken {
-                        break Fit::Broken;
+                    while !jobs.is_empty() {
+                        let started = Instant::now();
+                        let outcome = run_batch(&db, &mut prepared, &jobs);
+                        let statements = jobs.iter().map(|job| 1 + job.then.len()).sum();
+                        self.metrics.observe_batch(statements, started.elapsed());
+                        match outcome {
+                            // One job's own error fails that job alone: the
+                            // batch was rolled back, and the others run
+                            // again without it. One client's bad write never
+                            // fails another's.
+                            Err(BatchFailed {
+                                job: Some(i),
+                                broken: false,
+                                error,
+                            }) if jobs.len() > 1 => answer(vec![jobs.remove(i)], Err(error)),
+                            outcome => {
+                                let broken = matches!(&outcome, Err(failed) if failed.broken);
+                                answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
+                                if broken {
+                                    break 'serve Fit::Broken;
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -287,6 +302,10 @@ struct BatchFailed {
     error: sqlx::Error,
     /// The connection is still in a transaction: even the rollback failed.
     broken: bool,
+    /// The job whose own statement failed, for an error that is that job's
+    /// alone (see [`is_the_jobs_own`]); `None` when the batch as a whole
+    /// failed (I/O, a full disk, the write lock held elsewhere).
+    job: Option<usize>,
 }
 
 /// One transaction: every job's rows, in the order of `jobs`, or the error
@@ -296,30 +315,63 @@ fn run_batch(
     prepared: &mut Prepared<'_>,
     jobs: &[Job],
 ) -> Result<Vec<Vec<Values>>, BatchFailed> {
+    let mut failed_job = None;
     let mut transaction = || -> rusqlite::Result<Vec<Vec<Values>>> {
         // IMMEDIATE: the write lock is taken up front, waiting in the busy
         // handler if another process holds it.
         db.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let rows = jobs
-            .iter()
-            .map(|job| job_rows(prepared, job))
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut rows = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            match job_rows(prepared, job) {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    failed_job = Some(i);
+                    return Err(e);
+                }
+            }
+        }
         db.prepare_cached("COMMIT")?.execute([])?;
         Ok(rows)
     };
-    transaction().map_err(|e| {
+    let result = transaction();
+    result.map_err(|e| {
         // Some errors (disk full, I/O) end the transaction by themselves,
-        // and later statements would then commit one by one. The store's
-        // statements fail only for such reasons, so the whole batch fails
-        // and is rolled back (a failed COMMIT too).
+        // and later statements would then commit one by one; a job's own
+        // error may come after its statement wrote. So the whole batch is
+        // rolled back (a failed COMMIT too), and nothing of it stays.
         if !db.is_autocommit() {
             let _ = db.execute_batch("ROLLBACK");
         }
         BatchFailed {
+            job: failed_job.filter(|_| is_the_jobs_own(&e)),
             error: sqlite_error(e),
             broken: !db.is_autocommit(),
         }
     })
+}
+
+/// Whether `e` is the failing job's own doing (a constraint, a value that
+/// does not fit, arguments that do not match its statement), so that the
+/// other jobs of its batch would succeed without it; not so for errors of
+/// the database or the connection, which every job would meet again.
+fn is_the_jobs_own(e: &rusqlite::Error) -> bool {
+    use rusqlite::Error as E;
+    match e {
+        E::SqliteFailure(failure, _) => matches!(
+            failure.code,
+            rusqlite::ErrorCode::ConstraintViolation
+                | rusqlite::ErrorCode::TooBig
+                | rusqlite::ErrorCode::TypeMismatch
+        ),
+        E::InvalidColumnType(..)
+        | E::FromSqlConversionFailure(..)
+        | E::IntegralValueOutOfRange(..)
+        | E::ToSqlConversionFailure(..)
+        | E::InvalidParameterCount(..)
+        | E::InvalidParameterName(..)
+        | E::InvalidColumnIndex(..) => true,
+        _ => false,
+    }
 }
 
 /// The statements the batch thread prepared, found by the text they were
@@ -601,11 +653,12 @@ mod tests {
         assert_eq!(count, 1, "only the write before the loss ran");
     }
 
-    /// A statement that fails fails its whole batch: nothing of the batch
-    /// is committed, every job of it is told, and the next batch runs on
-    /// a clean connection.
+    /// A statement that fails on its own (here a UNIQUE constraint) fails
+    /// its job alone: the batch is rolled back, the other jobs of it run
+    /// again without it and commit, and the next batch runs on a clean
+    /// connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_statement_fails_and_rolls_back_its_whole_batch() {
+    async fn a_statement_failing_on_its_own_fails_only_its_job() {
         let dir = tempfile::tempdir().unwrap();
         let pool = one_connection(&dir).await;
         sqlx::query("INSERT INTO t (k, v) VALUES (1, 1)")
@@ -644,16 +697,25 @@ mod tests {
         }
         drop(conn);
         assert!(parked.await.unwrap().unwrap().is_empty());
+        let mut outcomes = Vec::new();
         for task in tasks {
-            let err = task.await.unwrap().unwrap_err().to_string();
-            assert!(err.contains("write batch failed"), "{err}");
-            assert!(err.contains("UNIQUE"), "{err}");
+            outcomes.push(task.await.unwrap());
         }
+        let err = outcomes[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("write batch failed"), "{err}");
+        assert!(err.contains("UNIQUE"), "{err}");
+        assert!(outcomes[0].is_ok(), "{outcomes:?}");
+        assert!(outcomes[2].is_ok(), "{outcomes:?}");
         let rows = batcher
             .execute("SELECT k FROM t ORDER BY k", Vec::new())
             .await
             .unwrap();
-        assert_eq!(rows, vec![Values::new(vec![Value::Int(1)])]);
+        let keys = |ks: &[i64]| {
+            ks.iter()
+                .map(|k| Values::new(vec![Value::Int(*k)]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows, keys(&[1, 2, 3]));
         // A job whose arguments do not match its statement fails too.
         let err = batcher
             .execute("SELECT $1, $2", vec![Arg::Int(1)])
@@ -665,7 +727,7 @@ mod tests {
     /// A job of several statements runs them one right after the other in
     /// one transaction, however many other jobs come at the same time; its
     /// rows are theirs, in order; and when one of them fails, none of them
-    /// (nor anything else in that batch) is committed.
+    /// is committed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_of_several_statements_runs_them_back_to_back() {
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

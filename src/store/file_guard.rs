@@ -41,6 +41,11 @@ pub enum GuardError {
          run one lockstep per SQLite file, or share PostgreSQL between replicas"
     )]
     InUse { db: PathBuf, lock: PathBuf },
+    #[error("cannot create the directory {dir} for the SQLite database: {source}")]
+    Directory {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot lock the SQLite database {db} through {lock}: {source}")]
     Lock {
         db: PathBuf,
@@ -85,6 +90,14 @@ impl FileGuard {
     /// holds it.
     pub fn acquire(db: &Path) -> Result<Self, GuardError> {
         let path = absolute(db);
+        // `sqlite://PATH` is created if missing, its directory too, as an
+        // operator writing `/var/lib/lockstep/lockstep.db` expects.
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| GuardError::Directory {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        }
         let mut lock_path = path.clone().into_os_string();
         lock_path.push(".lockstep.lock");
         let lock_path = PathBuf::from(lock_path);
