@@ -55,14 +55,19 @@ impl Problem {
         self
     }
 
-    pub fn into_response(self) -> Response<Body> {
+    /// The problem document, serialized.
+    pub fn document(&self) -> Vec<u8> {
         let mut doc = Map::new();
         doc.insert("type".into(), Value::from(self.kind));
         doc.insert("title".into(), Value::from(self.title));
         doc.insert("status".into(), Value::from(self.status.as_u16()));
-        doc.insert("detail".into(), Value::from(self.detail));
-        doc.extend(self.extensions);
-        let bytes = serde_json::to_vec(&Value::Object(doc)).unwrap_or_default();
+        doc.insert("detail".into(), Value::from(self.detail.as_str()));
+        doc.extend(self.extensions.clone());
+        serde_json::to_vec(&Value::Object(doc)).unwrap_or_default()
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let bytes = self.document();
         let mut resp = Response::new(body::full(bytes));
         *resp.status_mut() = self.status;
         let headers = resp.headers_mut();

@@ -1375,6 +1375,27 @@ async fn malformed_raw_requests_get_4xx_never_500_and_never_hang() {
             matches!(status, Some(400..=499)),
             "{what}: expected a 4xx, got {status:?}: {answer:?}"
         );
+        // `%zz` is a literal in a key: that DELETE reaches the backend,
+        // whose 404 is its own. Every other answer is lockstep's, also
+        // where hyper refuses the request before lockstep sees it: a
+        // problem document, as every error of lockstep's.
+        if what == "bad percent-encoding in a versioned path" {
+            continue;
+        }
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{what}: {answer:?}"
+        );
+        let doc: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{what}: not a problem document ({e}): {answer:?}"));
+        assert_eq!(
+            Some(doc["status"].as_u64().unwrap() as u16),
+            status,
+            "{what}"
+        );
+        assert!(!doc["detail"].as_str().unwrap().is_empty(), "{what}");
     }
 
     // Still serving, and nothing changed.

@@ -11,6 +11,7 @@
 //! connection slot and never the accept loop.
 
 pub mod router;
+pub mod unparsable;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -80,6 +81,10 @@ pub async fn serve<H: Handler>(
         .header_read_timeout(settings.limits.header_read_timeout)
         .max_buf_size(settings.limits.max_header_bytes.max(8192))
         .keep_alive(true)
+        // Every answer of a handler gets its `Date` from `with_date`, so
+        // hyper's own answer to an unparsable request is the only one
+        // without, and `ProblemAnswers` can tell it apart.
+        .auto_date_header(false)
         // A client may close its sending side once its request is out
         // (RFC 9112 §9.6) and still expects the answer; without this,
         // hyper takes the FIN for a client gone and drops the request.
@@ -123,7 +128,8 @@ pub async fn serve<H: Handler>(
             // One span per request, on both listeners: what the router and
             // the wings learn is recorded on it (see `telemetry`).
             let span = telemetry::request_span(name, req.method(), req.uri().path());
-            async move { Ok::<_, Infallible>(handler.call(req, peer).await) }.instrument(span)
+            async move { Ok::<_, Infallible>(unparsable::with_date(handler.call(req, peer).await)) }
+                .instrument(span)
         });
         let builder = builder.clone();
         let watcher = graceful.watcher();
@@ -177,6 +183,7 @@ async fn serve_connection<I, S>(
         + 'static,
     S::Future: Send + 'static,
 {
+    let io = unparsable::ProblemAnswers::new(io);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(error = %e, %peer, "connection closed with error");
