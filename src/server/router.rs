@@ -204,10 +204,30 @@ fn host_problem(req: &Request<Incoming>) -> Option<Error> {
     Some(Error::InvalidRequest(detail))
 }
 
-/// `uri-host [ ":" port ]`, as an authority without user information.
+/// `uri-host [ ":" port ]` (RFC 3986 §3.2.2): only the characters of a
+/// registered name, an IP literal in brackets, and the port's colon; no
+/// user information (`@`), path, query or space. Checked byte by byte: it
+/// runs for every request.
 fn is_host_and_port(value: &[u8]) -> bool {
-    !value.contains(&b'@') && http::uri::Authority::try_from(value).is_ok()
+    value.iter().all(|&b| HOST_BYTES[usize::from(b)])
 }
+
+/// The bytes [`is_host_and_port`] allows, as a table.
+static HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let others = b"-._~!$&'()*+,;=%:[]";
+    let mut i = 0;
+    while i < others.len() {
+        table[others[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
 
 /// A passthrough's answer and, for the access line, `"proxied"` or the
 /// problem type of its failure.
@@ -369,4 +389,32 @@ fn text(status: StatusCode, s: &str) -> Response<Body> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_names_or_literals_with_an_optional_port() {
+        for good in [
+            "example.com",
+            "api.example:8443",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "xn--caf-dma.example",
+        ] {
+            assert!(is_host_and_port(good.as_bytes()), "{good}");
+        }
+        for bad in [
+            "me@example.com",
+            "a b",
+            "example.com/x",
+            "a?b",
+            "a#b",
+            "é.example",
+        ] {
+            assert!(!is_host_and_port(bad.as_bytes()), "{bad}");
+        }
+    }
 }
