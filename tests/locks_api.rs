@@ -893,7 +893,14 @@ async fn bad_wait_ms_and_methods_are_rejected(db: DbKind) {
     let ls = db.lockstep().start();
     let c = Client::new();
 
-    for q in ["wait_ms=abc", "wait_ms=-1", "wait_ms=1.5", "wait_ms="] {
+    for q in [
+        "wait_ms=abc",
+        "wait_ms=-1",
+        "wait_ms=1.5",
+        "wait_ms=",
+        "wait_ms",
+        "wait_ms=+5",
+    ] {
         let url = lock_url(&ls, &format!("job:w?{q}"));
         let r = acquire(&c, &url, "worker-a", 1000).await;
         check_bad_request(&r, q);

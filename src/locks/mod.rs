@@ -373,13 +373,19 @@ impl Locks {
     fn wait_of(&self, query: Option<&str>) -> Result<Duration> {
         let mut wait = 0;
         for pair in query.unwrap_or("").split('&') {
-            if let Some(v) = pair.strip_prefix("wait_ms=") {
-                wait = v.parse::<u64>().map_err(|_| {
-                    Error::InvalidRequest(format!(
-                        "wait_ms must be a non-negative integer, not {v:?}"
-                    ))
-                })?;
-            }
+            let v = match pair.strip_prefix("wait_ms") {
+                Some(rest) if rest.is_empty() || rest.starts_with('=') => {
+                    rest.strip_prefix('=').unwrap_or(rest)
+                }
+                _ => continue,
+            };
+            // Digits only: `+5` is no more a wait than `5s`.
+            let digits = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+            wait = v.parse::<u64>().ok().filter(|_| digits).ok_or_else(|| {
+                Error::InvalidRequest(format!(
+                    "wait_ms must be a non-negative integer of milliseconds, not {v:?}"
+                ))
+            })?;
         }
         Ok(Duration::from_millis(wait.min(self.settings.max_wait_ms)))
     }
