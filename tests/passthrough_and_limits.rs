@@ -362,6 +362,30 @@ async fn host_must_name_one_host_and_an_absolute_target_names_it_instead() {
         );
     }
 
+    // HTTP/2 too: its `host` fields follow the same rule.
+    for (what, headers) in [
+        (
+            "two host fields",
+            vec![("host", "a.example"), ("host", "b.example")],
+        ),
+        ("a host field that is no host", vec![("host", "a b/c")]),
+    ] {
+        let (status, _, headers, body) =
+            h2_request(addr, Method::PUT, "/articles/h", &headers, "{}").await;
+        assert_eq!(status, 400, "h2 {what}: {body:?}");
+        assert_eq!(
+            headers["content-type"], "application/problem+json",
+            "h2 {what}"
+        );
+    }
+    // The admin listener answers the same way.
+    let answer = raw_http1(
+        lockstep.admin_addr(),
+        "GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(raw_status(&answer), Some(400), "{answer}");
+
     // An absolute-form target names the host; its Host line is ignored.
     let answer = raw_http1(
         addr,
@@ -1336,6 +1360,14 @@ async fn malformed_raw_requests_get_4xx_never_500_and_never_hang() {
         (
             "bad chunk size on a versioned write",
             b"PATCH /articles/1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\nIf-Match: \"1\"\r\nConnection: close\r\n\r\nZZZ\r\n{}\r\n0\r\n\r\n".to_vec(),
+        ),
+        (
+            "bad chunk size on a passthrough POST",
+            b"POST /echo/chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\nZZ\r\n0\r\n\r\n".to_vec(),
+        ),
+        (
+            "bad chunk size on a create",
+            b"POST /articles HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n2\r\n{}\r\nZZ\r\n0\r\n\r\n".to_vec(),
         ),
         (
             "non-ASCII If-Match",

@@ -67,6 +67,10 @@ pub enum ForwardError {
     Timeout,
     /// The connection failed after the request was (maybe) sent.
     Failed(String),
+    /// The client's own request body broke while it was being forwarded
+    /// (a malformed chunk, a client gone mid-body): the client's fault,
+    /// not the backend's.
+    RequestBody(String),
 }
 
 impl ForwardError {
@@ -82,6 +86,21 @@ impl ForwardError {
             ForwardError::Failed(m) => {
                 Error::BadGateway(format!("the backend connection failed: {m}"))
             }
+            ForwardError::RequestBody(m) => {
+                Error::InvalidRequest(format!("the request body could not be read: {m}"))
+            }
+        }
+    }
+
+    /// The failure of a request that may have been sent: the client's body
+    /// breaking (hyper reports it as an error of the body it was given,
+    /// with that body's error as its cause) or the backend's connection.
+    pub(crate) fn after_sending(e: &hyper::Error) -> Self {
+        let message = crate::error::chain(e);
+        if e.is_user() && std::error::Error::source(e).is_some() {
+            ForwardError::RequestBody(message)
+        } else {
+            ForwardError::Failed(message)
         }
     }
 }
@@ -250,6 +269,8 @@ impl Upstream {
             Err(ForwardError::NotSent(_)) => self.metrics.failed(UpstreamError::Connect),
             Err(ForwardError::Timeout) => self.metrics.failed(UpstreamError::Timeout),
             Err(ForwardError::Failed(_)) => self.metrics.failed(UpstreamError::Reset),
+            // The client's doing: the backend did nothing wrong.
+            Err(ForwardError::RequestBody(_)) => {}
         }
         result
     }

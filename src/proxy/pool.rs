@@ -262,7 +262,7 @@ impl Pool {
                     Some(_) => {
                         return Err(ForwardError::NotSent(crate::error::chain(&e.into_error())))
                     }
-                    None => return Err(ForwardError::Failed(crate::error::chain(&e.into_error()))),
+                    None => return Err(ForwardError::after_sending(&e.into_error())),
                 },
             }
         }
@@ -293,7 +293,7 @@ impl Pool {
             Ok(resp) => Ok((resp, sender)),
             Err(mut e) => match e.take_message() {
                 Some(_) => Err(ForwardError::NotSent(crate::error::chain(&e.into_error()))),
-                None => Err(ForwardError::Failed(crate::error::chain(&e.into_error()))),
+                None => Err(ForwardError::after_sending(&e.into_error())),
             },
         }
     }

@@ -165,11 +165,12 @@ impl Upstream {
         let (mut resp, sender) = match self.pool.send_dedicated(fwd).await {
             Ok(sent) => sent,
             Err(e) => {
-                self.metrics.failed(match e {
-                    super::ForwardError::NotSent(_) => UpstreamError::Connect,
-                    super::ForwardError::Timeout => UpstreamError::Timeout,
-                    super::ForwardError::Failed(_) => UpstreamError::Reset,
-                });
+                match e {
+                    super::ForwardError::NotSent(_) => self.metrics.failed(UpstreamError::Connect),
+                    super::ForwardError::Timeout => self.metrics.failed(UpstreamError::Timeout),
+                    super::ForwardError::Failed(_) => self.metrics.failed(UpstreamError::Reset),
+                    super::ForwardError::RequestBody(_) => {}
+                }
                 self.metrics.upgrade(UpgradeOutcome::Failed);
                 tracing::warn!(error = ?e, "upgrade request failed");
                 return Err(e.to_error(self.request_timeout));

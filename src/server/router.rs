@@ -181,15 +181,13 @@ impl ProxyRouter {
     }
 }
 
-/// Why an HTTP/1 request's `Host` cannot be forwarded (RFC 9112 §3.2: a
-/// server answers 400 to an HTTP/1.1 request without `Host`, and to any
-/// with two `Host` lines or one that is not a host and port): two hosts
-/// would leave the backend and lockstep to pick different ones. HTTP/2
-/// names its authority in the request itself.
+/// Why a request's `Host` cannot be forwarded (RFC 9112 §3.2: a server
+/// answers 400 to an HTTP/1.1 request without `Host`, and to any with two
+/// `Host` lines or one that is not a host and port): two hosts would leave
+/// the backend and lockstep to pick different ones. The same holds for a
+/// `host` field in HTTP/2, which may leave it out (its `:authority` names
+/// the host).
 fn host_problem(req: &Request<Incoming>) -> Option<Error> {
-    if req.version() > Version::HTTP_11 {
-        return None;
-    }
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let detail = match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => "the request has more than one Host header; send exactly one".into(),
@@ -328,6 +326,9 @@ impl Handler for AdminRouter {
 
 impl AdminRouter {
     async fn route(&self, req: Request<Incoming>) -> (RequestKind, Response<Body>) {
+        if let Some(e) = host_problem(&req) {
+            return (RequestKind::Admin, problem::response(&e));
+        }
         let path = req.uri().path().to_string();
         if let Some(resource) = path.strip_prefix("/locks/") {
             return (RequestKind::Locks, self.locks.handle(req, resource).await);
