@@ -440,11 +440,17 @@ impl Config {
                 v.conflict_status
             ));
         }
-        if v.write_lease_ms <= self.upstream.request_timeout_ms {
+        let (connect, request) = (
+            self.upstream.connect_timeout_ms,
+            self.upstream.request_timeout_ms,
+        );
+        if v.write_lease_ms <= connect + request {
             return invalid(format!(
-                "versioning.write_lease_ms ({}) must be greater than upstream.request_timeout_ms ({}): \
-                 a write lease that ran out while the backend still works on the write would let a second write race it",
-                v.write_lease_ms, self.upstream.request_timeout_ms
+                "versioning.write_lease_ms ({}) must be greater than upstream.connect_timeout_ms + \
+                 upstream.request_timeout_ms ({connect} + {request}): a write may take that long to reach \
+                 the backend and be answered, and a write lease that ran out while the backend still \
+                 works on the write would let a second write race it",
+                v.write_lease_ms
             ));
         }
         if v.body_field.contains(['"', '\\']) || v.body_field.chars().any(char::is_control) {

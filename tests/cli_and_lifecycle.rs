@@ -86,6 +86,15 @@ fn check_config_refuses_a_write_lease_not_longer_than_the_upstream_timeout() {
         "[versioning]\nwrite_lease_ms = 10000\n",
         &["write_lease_ms"],
     );
+    // Connecting counts too: a write may reach the backend only after it.
+    assert_refused(
+        "[upstream]\nconnect_timeout_ms = 2000\nrequest_timeout_ms = 5000\n[versioning]\nwrite_lease_ms = 7000\n",
+        &["write_lease_ms", "connect_timeout_ms", "2000 + 5000"],
+    );
+    let (output, _dir) = check_config_text(
+        "[upstream]\nconnect_timeout_ms = 2000\nrequest_timeout_ms = 5000\n[versioning]\nwrite_lease_ms = 7001\n",
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
 }
 
 #[test]
@@ -523,7 +532,7 @@ async fn a_write_cut_off_by_a_killed_lockstep_counts_once_its_lease_runs_out() {
         b.upstream(backend.url())
             .database(&database)
             .upstream_toml("connect_timeout_ms = 500\nrequest_timeout_ms = 1000")
-            .versioning_toml("write_lease_ms = 1500\nwrite_wait_ms = 100")
+            .versioning_toml("write_lease_ms = 1600\nwrite_wait_ms = 100")
     };
 
     let mut first = config(Lockstep::builder()).start();

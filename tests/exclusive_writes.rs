@@ -149,7 +149,7 @@ async fn a_lease_left_by_a_killed_lockstep_counts_once_it_runs_out_and_a_read_ta
             .database(&database)
             .toml(EXCLUSIVE)
             .upstream_toml("connect_timeout_ms = 500\nrequest_timeout_ms = 1000")
-            .versioning_toml("write_lease_ms = 1500\nwrite_wait_ms = 100")
+            .versioning_toml("write_lease_ms = 1600\nwrite_wait_ms = 100")
     };
 
     let mut first = config(Lockstep::builder()).start();

@@ -52,6 +52,8 @@ pub struct Upstream {
     /// `Host` for a request that came without one (HTTP/1.0): the
     /// backend's authority, without the scheme's default port.
     host: Option<HeaderValue>,
+    /// How long a connection may take (TCP and TLS).
+    connect_timeout: Duration,
     request_timeout: Duration,
     metrics: UpstreamMetrics,
     tunnels: Tunnels,
@@ -206,6 +208,7 @@ impl Upstream {
                 settings.limits.request_timeout,
             ),
             host,
+            connect_timeout: settings.limits.connect_timeout,
             request_timeout: settings.limits.request_timeout,
             tunnels: Tunnels::new(metrics.clone()),
             metrics,
@@ -214,6 +217,10 @@ impl Upstream {
 
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
     }
 
     /// The WebSocket tunnels this client opened, for the drain.
@@ -258,8 +265,18 @@ impl Upstream {
     /// the connect timeout for a connection, then at most the request
     /// timeout for the answer.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
+        self.send_by(req, None).await
+    }
+
+    /// [`send`](Self::send), but not sent at all when no connection is in
+    /// hand by `not_after` (see [`pool::Pool::send`]).
+    pub async fn send_by(
+        &self,
+        req: Request<Body>,
+        not_after: Option<Instant>,
+    ) -> Result<Response<PooledBody>, ForwardError> {
         let started = Instant::now();
-        let result = self.pool.send(req).await.map(|mut resp| {
+        let result = self.pool.send(req, not_after).await.map(|mut resp| {
             headers::drop_length_beside_transfer_encoding(resp.headers_mut());
             headers::strip_hop_by_hop(resp.headers_mut());
             resp
@@ -299,5 +316,56 @@ impl Upstream {
                 Err(e.to_error(self.request_timeout))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A write whose connection is in hand only after its last moment is
+    /// not sent: the backend accepts the connection and reads nothing.
+    #[tokio::test]
+    async fn a_write_past_its_last_moment_is_not_sent() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_millis(300), stream.read_to_end(&mut buf))
+                .await;
+            buf
+        });
+        let settings = UpstreamSettings {
+            url: format!("http://{addr}").parse().unwrap(),
+            limits: crate::config::UpstreamLimits {
+                connect_timeout: Duration::from_millis(500),
+                request_timeout: Duration::from_millis(1000),
+                pool_idle_timeout: Duration::from_secs(10),
+                pool_max_idle_per_host: 4,
+                pool_write_reuse: Duration::from_secs(1),
+            },
+            tls: crate::tls::client_config(None).unwrap(),
+        };
+        let metrics =
+            UpstreamMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let upstream = Upstream::new(&settings, metrics);
+        let req = Request::builder()
+            .method(http::Method::PATCH)
+            .uri("/articles/1")
+            .header(http::header::HOST, addr.to_string())
+            .body(crate::body::full("{}"))
+            .unwrap();
+        let past = Instant::now() - Duration::from_millis(1);
+        match upstream.send_by(req, Some(past)).await {
+            Err(ForwardError::NotSent(m)) => assert!(m.contains("not sent"), "{m}"),
+            other => panic!("expected NotSent, got {:?}", other.map(|r| r.status())),
+        }
+        assert!(
+            received.await.unwrap().is_empty(),
+            "the write reached the backend"
+        );
     }
 }

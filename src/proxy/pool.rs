@@ -219,7 +219,17 @@ impl Pool {
     /// connecting (bounded by the connect timeout, a [`ForwardError::NotSent`]
     /// when it runs out) never eats into it, so a slow connect can never
     /// turn a write that was not sent into an unknown outcome.
-    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
+    ///
+    /// `not_after`: when the connection is in hand only after this instant,
+    /// the request is not sent at all ([`ForwardError::NotSent`]). A write
+    /// passes the end of the time it may reach the backend in, so that
+    /// connecting (and connecting again after a reused connection turned
+    /// out closed) can never push it past its write lease.
+    pub async fn send(
+        &self,
+        mut req: Request<Body>,
+        not_after: Option<Instant>,
+    ) -> Result<Response<PooledBody>, ForwardError> {
         let max_idle_age = if is_safe(req.method()) {
             Duration::MAX
         } else {
@@ -233,6 +243,14 @@ impl Pool {
                 // carry (and copy) though most never connect.
                 None => (Box::pin(self.connect()).await?, false),
             };
+            if not_after.is_some_and(|last| Instant::now() > last) {
+                self.shared.put(conn);
+                return Err(ForwardError::NotSent(
+                    "the backend took longer than upstream.connect_timeout_ms to take the write, \
+                     which was not sent: sent later, it could outlive its write lease"
+                        .into(),
+                ));
+            }
             let sent = tokio::time::timeout(
                 self.shared.request_timeout,
                 conn.sender.try_send_request(req),

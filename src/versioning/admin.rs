@@ -102,7 +102,7 @@ impl Versioning {
 
     async fn bump_one(&self, key: &str) -> Result<Response<Body>> {
         let lease_id = uuid::Uuid::new_v4().to_string();
-        let held = self
+        let (held, _) = self
             .claim(key, &Expected::Unchecked, &lease_id, None)
             .await
             .map_err(|failure| failure.error)?;

@@ -489,10 +489,16 @@ impl Versioning {
         fwd: Request<Body>,
     ) -> Answer {
         let lease_id = uuid::Uuid::new_v4().to_string();
-        let held = self
+        let (held, claimed_from) = self
             .claim(&key, &expected, &lease_id, fence.as_ref())
             .await?;
-        let answer = self.forward(fwd).await;
+        // The lease runs from the claim, so the write reaches the backend
+        // within the connect timeout of it or not at all: connecting can
+        // never push it past its lease (check-config keeps the lease longer
+        // than connect and request timeouts together).
+        let answer = self
+            .forward(fwd, claimed_from + self.upstream.connect_timeout())
+            .await;
         let settled = self
             .commit_or_abort(&key, &lease_id, held, answer)
             .await
@@ -531,7 +537,7 @@ impl Versioning {
         expected: &Expected,
         lease_id: &str,
         fence: Option<&Fence>,
-    ) -> std::result::Result<i64, Failure> {
+    ) -> std::result::Result<(i64, Instant), Failure> {
         let deadline = Instant::now() + self.settings.write_wait;
         let mut waiter = self.wakeups.subscribe(Topic::Version, key);
         if let Some(version) = expected.exact() {
@@ -596,13 +602,16 @@ impl Versioning {
 
     /// One claim statement at `version`: the version held, or `None` when
     /// it was refused.
+    /// One claim statement; the version held, and an instant no later than
+    /// the database's start of the lease (taken before the statement went).
     async fn claim_at(
         &self,
         key: &str,
         version: i64,
         lease_id: &str,
         fence: Option<&Fence>,
-    ) -> std::result::Result<Option<i64>, Failure> {
+    ) -> std::result::Result<Option<(i64, Instant)>, Failure> {
+        let sent = Instant::now();
         let lease = self.settings.write_lease;
         let claimed = match fence {
             Some(f) => self.store.claim_fenced(key, version, lease_id, lease, f),
@@ -616,7 +625,7 @@ impl Versioning {
             // bumped the version for that write.
             self.metrics.unknown_outcome(UnknownOutcome::LeaseTakeover);
         }
-        Ok(Some(claimed.version))
+        Ok(Some((claimed.version, sent)))
     }
 
     /// For a fenced write that was refused: `stale-lock-token` when its
@@ -643,8 +652,9 @@ impl Versioning {
     async fn forward(
         &self,
         fwd: Request<Body>,
+        not_after: Instant,
     ) -> std::result::Result<Response<PooledBody>, ForwardError> {
-        self.upstream.send(fwd).await
+        self.upstream.send_by(fwd, Some(not_after)).await
     }
 
     /// **commit or abort** (or bump-and-hold), by the backend's answer: a

@@ -115,12 +115,12 @@ cross-field ones of src/config.rs validate() are mirrored here.
 {{- $c := $v.config }}
 {{- $lease := int64 $c.versioning.write_lease_ms }}
 {{- $timeout := int64 $c.upstream.request_timeout_ms }}
-{{- if le $lease $timeout }}
-{{- fail (printf "lockstep chart: config.versioning.write_lease_ms (%d) must be greater than config.upstream.request_timeout_ms (%d): a write lease that ran out while the backend still works on the write would let a second write race it." $lease $timeout) }}
-{{- end }}
 {{- $connect := int64 $c.upstream.connect_timeout_ms }}
 {{- if ge $connect $timeout }}
 {{- fail (printf "lockstep chart: config.upstream.connect_timeout_ms (%d) must be less than config.upstream.request_timeout_ms (%d): a backend that cannot even be connected to within the time a whole request may take is down, and should get its 502 sooner." $connect $timeout) }}
+{{- end }}
+{{- if le $lease (add $connect $timeout) }}
+{{- fail (printf "lockstep chart: config.versioning.write_lease_ms (%d) must be greater than config.upstream.connect_timeout_ms + config.upstream.request_timeout_ms (%d + %d): a write may take that long to reach the backend and be answered, and a write lease that ran out while the backend still works on the write would let a second write race it." $lease $connect $timeout) }}
 {{- end }}
 {{- $min := int64 $c.locks.min_ttl_ms }}
 {{- $max := int64 $c.locks.max_ttl_ms }}
