@@ -19,9 +19,12 @@ use common::{eventually, lockstep_bin, Client, Lockstep};
 const RUN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A command trapping SIGTERM: it writes `got-term`, stops its sleep and
-/// exits 3. It writes `started` once the trap is in place.
-const TRAPS_TERM: &str = "trap 'echo term > got-term; kill $pid; exit 3' TERM; \
-     echo started > started; sleep 30 & pid=$!; wait $pid";
+/// exits 3. It writes `started` once the trap is in place, and sets the
+/// trap only once its sleep's pid is known: a signal before that left the
+/// sleep running, holding the output pipes open past the run timeout.
+const TRAPS_TERM: &str = "sleep 30 & pid=$!; \
+     trap 'echo term > got-term; kill $pid; exit 3' TERM; \
+     echo started > started; wait $pid";
 
 /// `lockstep lock ARGS --admin ADMIN -- sh -c SCRIPT`, run in `dir`, without
 /// the developer's own `LOCKSTEP_*` variables.
