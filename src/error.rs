@@ -85,6 +85,28 @@ pub enum Error {
     // ---- the store failed (503) ----
     #[error("the version and lock store is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// The backend answered a write (`status`), but the store could not
+    /// record it: unlike [`Error::Unavailable`] before a write, the write
+    /// may well have happened.
+    #[error(
+        "the backend answered the write with {status}, but the version store could not record it"
+    )]
+    Unrecorded {
+        status: u16,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl Error {
+    /// A store failure after the backend answered a write with `status`:
+    /// [`Error::Unrecorded`]; any other error stays as it is.
+    pub fn after_answer(self, status: u16) -> Self {
+        match self {
+            Error::Unavailable(source) => Error::Unrecorded { status, source },
+            other => other,
+        }
+    }
 }
 
 fn stale_lock_detail(resource: &str, presented: i64, current: Option<i64>) -> String {

@@ -219,6 +219,17 @@ impl From<&Error> for Problem {
                     .to_string(),
             )
             .header(header::RETRY_AFTER, "1".to_string()),
+            Error::Unrecorded { status, .. } => Problem::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+                format!(
+                    "the backend answered this write with {status}, so it may have been applied, but the version \
+                     store could not record it: the key stays closed to writes until its write lease runs out, \
+                     and then its version is bumped; read the item before writing it again"
+                ),
+            )
+            .header(header::RETRY_AFTER, "1".to_string()),
         }
     }
 }
@@ -233,7 +244,7 @@ pub fn response(err: &Error) -> Response<Body> {
 /// the request's span, which names the key or resource): the client sees
 /// only its 503.
 pub fn answer(err: &Error) -> (Response<Body>, &'static str) {
-    if let Error::Unavailable(source) = err {
+    if let Error::Unavailable(source) | Error::Unrecorded { source, .. } = err {
         tracing::error!(error = %crate::error::chain(source), "store unavailable");
     }
     let problem = Problem::from(err);
@@ -374,6 +385,14 @@ mod tests {
             ),
             (
                 Error::Unavailable(sqlx::Error::PoolTimedOut),
+                503,
+                "unavailable",
+            ),
+            (
+                Error::Unrecorded {
+                    status: 200,
+                    source: sqlx::Error::PoolTimedOut,
+                },
                 503,
                 "unavailable",
             ),

@@ -299,6 +299,32 @@ async fn a_database_file_deleted_under_lockstep_fails_closed() {
     fails_closed(&lockstep, &backend).await;
 }
 
+/// The file goes while the backend works on a write: the write happened,
+/// and the 503 says so, not that it failed closed.
+#[tokio::test]
+async fn a_write_the_store_could_not_record_is_not_called_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::start();
+    let lockstep = serving_one_item(dir.path(), &backend).await;
+    let url = lockstep.proxy_url_for("/articles/1");
+    let write = tokio::spawn(async move {
+        Client::new()
+            .patch(&url, json!({"t": 2}))
+            .if_match(2)
+            .header("x-backend-delay-ms", "600")
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::remove_file(dir.path().join("lockstep.db")).unwrap();
+    let resp = write.await.unwrap();
+    assert_eq!(resp.status, 503, "{resp:?}");
+    let detail = resp.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("answered this write with 200"), "{detail}");
+    assert!(detail.contains("may have been applied"), "{detail}");
+    assert_eq!(backend.stored("/articles/1").await, Some(json!({"t": 2})));
+}
+
 #[tokio::test]
 async fn a_database_file_replaced_under_lockstep_fails_closed() {
     let dir = tempfile::tempdir().unwrap();

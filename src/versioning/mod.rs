@@ -671,7 +671,11 @@ impl Versioning {
     ) -> Result<Settled> {
         match answer {
             Ok(resp) if applied_or_unknown(resp.status()) => {
-                let new = self.store.commit(key, lease_id).await?;
+                let new = self
+                    .store
+                    .commit(key, lease_id)
+                    .await
+                    .map_err(|e| e.after_answer(resp.status().as_u16()))?;
                 if resp.status().is_server_error() {
                     if new.is_some() {
                         self.metrics.unknown_outcome(UnknownOutcome::Backend5xx);
