@@ -399,3 +399,40 @@ async fn connect_gets_405_and_never_opens_a_tunnel() {
     }
     assert!(backend.log().await.is_empty());
 }
+
+#[tokio::test]
+async fn an_override_turning_a_collection_post_into_a_write_is_refused() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/1", json!({"title": "kept"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    backend.clear_log().await;
+    for (path, headers) in [
+        ("/articles", vec![("X-HTTP-Method-Override", "DELETE")]),
+        ("/articles", vec![("X-Method-Override", "PUT")]),
+        ("/articles?_method=PATCH", vec![]),
+    ] {
+        let mut req = client
+            .request(Method::POST, lockstep.proxy_url_for(path))
+            .header("content-type", "application/json")
+            .body("[]");
+        for (name, value) in &headers {
+            req = req.header(name, value);
+        }
+        let resp = req.send().await;
+        let doc = assert_problem(&resp, 400, "invalid-request");
+        assert!(
+            doc["detail"].as_str().unwrap().contains("collection"),
+            "{path} {headers:?}: {doc}"
+        );
+    }
+    let log = backend.log().await;
+    assert!(
+        log.is_empty(),
+        "a collection write reached the backend: {log:?}"
+    );
+    assert_eq!(
+        backend.stored("/articles/1").await,
+        Some(json!({"title": "kept"}))
+    );
+}

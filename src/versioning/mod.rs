@@ -257,6 +257,19 @@ impl Versioning {
                 let result = self.write(req, key, fence, pq, inbound).await;
                 (RequestKind::VersionedWrite, key.clone(), result)
             }
+            // An override turning a POST to the collection into a write of
+            // the collection itself: lockstep versions items, so it could
+            // check nothing; refused rather than forwarded unchecked.
+            (Route::Collection { .. }, &Method::PUT | &Method::PATCH | &Method::DELETE)
+                if checked_as != method =>
+            {
+                let e = Error::InvalidRequest(format!(
+                    "a method override naming {checked_as} on the collection {raw_path}: lockstep versions \
+                     the collection's items, not the collection, so such a write cannot be checked; \
+                     write to an item, or send it without the override"
+                ));
+                (RequestKind::VersionedWrite, String::new(), Err(e.into()))
+            }
             (Route::Collection { path, fence }, &Method::POST) => {
                 let pq = with_query(path, req.uri());
                 let (key, result) = self.create(req, path, fence.as_ref(), pq, inbound).await;
