@@ -184,6 +184,29 @@ async fn an_upgrade_the_backend_declines_is_a_plain_response_and_other_protocols
         .await;
     assert_eq!(refused.status, 426, "{refused:?}");
 
+    // A 101 that does not answer the key (a backend that lets its caller
+    // pick the status) is no WebSocket handshake: 502, no tunnel.
+    for accept in [None, Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")] {
+        let mut req = client
+            .get(lockstep.proxy_url_for("/echo/forced"))
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-key", "AQIDBAUGBwgJCgsMDQ4PEA==")
+            .header("sec-websocket-version", "13")
+            .header("x-backend-status", "101")
+            .header("x-backend-add-header", "upgrade: websocket")
+            .header("x-backend-add-header", "connection: upgrade");
+        if let Some(accept) = accept {
+            req = req.header(
+                "x-backend-add-header",
+                format!("sec-websocket-accept: {accept}"),
+            );
+        }
+        let forced = req.send().await;
+        assert_eq!(forced.status, 502, "accept {accept:?}: {forced:?}");
+        assert!(forced.text().contains("Sec-WebSocket-Accept"), "{forced:?}");
+    }
+
     // h2c would carry later HTTP/2 requests past every check: not
     // tunnelled, the request goes on without its Upgrade.
     let h2c = client

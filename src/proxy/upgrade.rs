@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -152,6 +152,10 @@ impl Upstream {
         // Taken before the request moves on: it resolves once hyper has
         // written our 101 to the client.
         let client = hyper::upgrade::on(&mut req);
+        let accept = req
+            .headers()
+            .get("sec-websocket-key")
+            .map(|key| websocket_accept(key.as_bytes()));
         let pq = req
             .uri()
             .path_and_query()
@@ -201,6 +205,19 @@ impl Upstream {
                     .into(),
             ));
         }
+        // RFC 6455 §4.2.2: a server that takes the handshake answers the
+        // client's key. A 101 without it is no WebSocket handshake (a
+        // backend that lets a caller pick its status, say): no tunnel,
+        // which would carry raw bytes past every check.
+        let answered = resp.headers().get("sec-websocket-accept");
+        if accept.is_none() || answered.map(HeaderValue::as_bytes) != accept.as_deref() {
+            self.metrics.upgrade(UpgradeOutcome::Failed);
+            return Err(Error::BadGateway(
+                "the backend's 101 does not carry the Sec-WebSocket-Accept that the handshake's \
+                 Sec-WebSocket-Key calls for (RFC 6455 §4.2.2): not a WebSocket handshake, so no tunnel"
+                    .into(),
+            ));
+        }
         let backend = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
@@ -208,5 +225,32 @@ impl Upstream {
         self.tunnels.open(client, backend, sender);
         self.metrics.upgrade(UpgradeOutcome::Tunnelled);
         Ok((Response::from_parts(parts, body::empty()), "tunnelled"))
+    }
+}
+
+/// The `Sec-WebSocket-Accept` a server answers `key` with (RFC 6455
+/// §4.2.2): base64 of SHA-1 of the key and the protocol's GUID.
+fn websocket_accept(key: &[u8]) -> Vec<u8> {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha = sha1::Sha1::new();
+    sha.update(key);
+    sha.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    base64::engine::general_purpose::STANDARD
+        .encode(sha.finalize())
+        .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_is_rfc_6455s() {
+        // The example of RFC 6455 §1.3.
+        assert_eq!(
+            websocket_accept(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=".to_vec()
+        );
     }
 }
