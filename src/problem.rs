@@ -55,15 +55,27 @@ impl Problem {
         self
     }
 
-    /// The problem document, serialized.
+    /// The problem document, serialized: `type`, `title`, `status`,
+    /// `detail`, then the extension members, borrowed (nothing copied).
     pub fn document(&self) -> Vec<u8> {
-        let mut doc = Map::new();
-        doc.insert("type".into(), Value::from(self.kind));
-        doc.insert("title".into(), Value::from(self.title));
-        doc.insert("status".into(), Value::from(self.status.as_u16()));
-        doc.insert("detail".into(), Value::from(self.detail.as_str()));
-        doc.extend(self.extensions.clone());
-        serde_json::to_vec(&Value::Object(doc)).unwrap_or_default()
+        #[derive(serde::Serialize)]
+        struct Document<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            title: &'a str,
+            status: u16,
+            detail: &'a str,
+            #[serde(flatten)]
+            extensions: &'a Map<String, Value>,
+        }
+        serde_json::to_vec(&Document {
+            kind: self.kind,
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            extensions: &self.extensions,
+        })
+        .unwrap_or_default()
     }
 
     pub fn into_response(self) -> Response<Body> {
