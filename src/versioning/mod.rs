@@ -805,6 +805,7 @@ impl Versioning {
         // yet), so its token is checked by a read just before forwarding:
         // a creation is fenced against holders that already lost the lock,
         // not serialised with the writes of the next holder.
+        let mut store_read = false;
         if let Some(fencing) = fencing {
             let fence = match fence::presented(req.headers(), fencing) {
                 Ok(f) => f,
@@ -815,6 +816,7 @@ impl Versioning {
                     return (None, Err(e.into()));
                 }
             };
+            store_read = fence.is_some();
             if let Err(e) = self.check_fence(fence.as_ref()).await {
                 return (None, Err(e.into()));
             }
@@ -822,10 +824,13 @@ impl Versioning {
         // Fail closed: a creation the version table could not record would
         // leave a reused id at the version its DELETE left, which a client
         // holding that version could then overwrite. A read of the table
-        // just before forwarding refuses the POST while the database is
-        // down (503), as every other write is refused.
-        if let Err(e) = self.store.current(collection).await {
-            return (None, Err(e.into()));
+        // just before forwarding (unless the fence check just read it)
+        // refuses the POST while the database is down (503), as every
+        // other write is refused.
+        if !store_read {
+            if let Err(e) = self.store.current(collection).await {
+                return (None, Err(e.into()));
+            }
         }
         let mut fwd = req.map(body::boxed);
         self.upstream.prepare(&mut fwd, pq, inbound);
