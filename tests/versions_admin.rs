@@ -21,6 +21,7 @@ db_tests!(
     a_bump_that_cannot_wait_long_enough_is_503_write_in_progress,
     a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else,
     bad_keys_and_bodies_are_400_and_change_nothing,
+    keys_no_request_can_have_are_400_and_change_nothing,
     tokens_are_required_when_configured,
 );
 
@@ -334,6 +335,58 @@ async fn bad_keys_and_bodies_are_400_and_change_nothing(kind: DbKind) {
         .await
         .json();
     assert_eq!(v["version"], 2, "nothing was bumped");
+}
+
+/// `articles//k` or `Articles/k` is not the key of `/articles/k`: read, it
+/// would look like a key never written; bumped, it would get a row of its
+/// own while the item the operator meant kept its version.
+async fn keys_no_request_can_have_are_400_and_change_nothing(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = start(&db, &backend);
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/k", 1).await, 2);
+    for (key, named) in [
+        ("articles//k", Some("articles/k")),
+        ("/articles/k", Some("articles/k")),
+        ("articles/k/", Some("articles/k")),
+        ("articles/./k", Some("articles/k")),
+        ("Articles/k", None),
+        ("articles", None),
+        ("comments/k", None),
+        ("articles/k/extra", None),
+    ] {
+        for (method, path) in [
+            (http::Method::GET, format!("/versions/{key}")),
+            (http::Method::POST, format!("/versions/{key}/bump")),
+        ] {
+            let r = c.request(method, ls.admin_url_for(&path)).send().await;
+            assert_eq!(r.status, 400, "{path}: {r:?}");
+            let problem = r.json();
+            assert_eq!(
+                problem["type"].as_str().unwrap().rsplit('/').next(),
+                Some("invalid-request"),
+                "{path}"
+            );
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(detail.contains(&format!("{key:?}")), "{path}: {detail}");
+            if let Some(named) = named {
+                assert!(detail.contains(&format!("{named:?}")), "{path}: {detail}");
+            }
+        }
+    }
+    let v = c
+        .get(ls.admin_url_for("/versions/articles/k"))
+        .send()
+        .await
+        .json();
+    assert_eq!(v["version"], 2, "nothing was bumped");
+    // Nothing else was written either: a prefix bump finds one key.
+    let r = c
+        .post(ls.admin_url_for("/versions/bump"), json!({"prefix": ""}))
+        .send()
+        .await;
+    assert_eq!(r.json()["bumped"], 1, "{r:?}");
 }
 
 async fn tokens_are_required_when_configured(kind: DbKind) {

@@ -30,7 +30,7 @@ use super::Versioning;
 use crate::body::{self, Body};
 use crate::error::{Error, Result};
 use crate::problem;
-use crate::resources::MAX_KEY_BYTES;
+use crate::resources::{encode_path, Route, MAX_KEY_BYTES};
 use crate::store::Lease;
 use crate::timefmt::rfc3339_ms;
 
@@ -61,7 +61,12 @@ impl Versioning {
     ) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
-        let call = authorized.and_then(|()| parse_call(&method, raw));
+        let call = authorized
+            .and_then(|()| parse_call(&method, raw))
+            .and_then(|call| match &call {
+                Call::Read(k) | Call::Bump(k) => self.check_key(k).map(|()| call),
+                Call::BumpPrefix => Ok(call),
+            });
         let key = match &call {
             Ok(Call::Read(k) | Call::Bump(k)) => Some(k.clone()),
             _ => None,
@@ -88,6 +93,27 @@ impl Versioning {
             "version admin request"
         );
         response
+    }
+
+    /// Refuses a key no request can have: `articles//1` or `Articles/1`
+    /// would otherwise be read as "version 1, never changed", and bumped
+    /// as a row of its own, while the item the operator meant is left
+    /// alone. A key is an item's path, less its leading `/`, as
+    /// [`ResourceMap::classify`](crate::resources::ResourceMap::classify)
+    /// names it.
+    fn check_key(&self, key: &str) -> Result<()> {
+        let segments: Vec<String> = key.split('/').map(str::to_string).collect();
+        match self.resources.classify(&encode_path(&segments)) {
+            Ok(Route::Item { key: named, .. }) if named == key => Ok(()),
+            Ok(Route::Item { key: named, .. }) => Err(Error::InvalidRequest(format!(
+                "no request has the key {key:?}; the item it spells is kept under {named:?}"
+            ))),
+            _ => Err(Error::InvalidRequest(format!(
+                "no request has the key {key:?}: a key is the path of an item that a \
+                 [[resources]] pattern matches, without its leading '/' (\"articles/42\" \
+                 for /articles/42)"
+            ))),
+        }
     }
 
     async fn version_of(&self, key: &str) -> Result<Response<Body>> {
