@@ -41,6 +41,7 @@ pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod json_object;
 pub mod locks;
 pub mod metrics;
 pub mod names;

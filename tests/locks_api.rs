@@ -706,6 +706,27 @@ async fn unknown_body_members_are_400_naming_them(db: DbKind) {
             );
         }
     }
+    // A member named twice: which one counts would be the reader's guess.
+    for (body, member) in [
+        (r#"{"owner": "a", "owner": "b", "ttl_ms": 5000}"#, "owner"),
+        (r#"{"owner": "a", "ttl_ms": 5000, "ttl_ms": 1}"#, "ttl_ms"),
+        (r#"{"owner": "a", "label": "x", "l\u0061bel": "y"}"#, "label"),
+    ] {
+        for method in [Method::POST, Method::PATCH] {
+            let r = c
+                .request(method.clone(), &url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await;
+            let problem = check_problem(&r, 400, "invalid-body");
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(
+                detail.contains(&format!("\"{member}\" appears twice")),
+                "{method} {body}: the detail names {member:?}: {detail}"
+            );
+        }
+    }
     assert_eq!(db.lock_rows().await, 0, "a refused body stored a row");
     // The known members are all accepted.
     let r = c

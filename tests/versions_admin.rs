@@ -321,6 +321,16 @@ async fn bad_keys_and_bodies_are_400_and_change_nothing(kind: DbKind) {
         let detail = problem["detail"].as_str().unwrap();
         assert!(detail.contains(named), "{body}: {detail}");
     }
+    // A member named twice: the last one would have bumped every key.
+    let r = c
+        .request(http::Method::POST, ls.admin_url_for("/versions/bump"))
+        .header("content-type", "application/json")
+        .body(r#"{"prefix": "articles/none/", "prefix": ""}"#)
+        .send()
+        .await;
+    assert_eq!(r.status, 400, "{r:?}");
+    let detail = r.json()["detail"].as_str().unwrap().to_string();
+    assert!(detail.contains("\"prefix\" appears twice"), "{detail}");
     let r = c
         .request(
             http::Method::DELETE,

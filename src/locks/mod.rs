@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::ApiTokens;
 use crate::body::{self, Body};
 use crate::error::{Error, HeldLock, Result};
+use crate::json_object::{self, Refusal};
 use crate::problem;
 use crate::store::wake::Topic;
 use crate::store::{Acquire, GrantKind, LockChange, LockRecord, LockStore, Wakeups};
@@ -554,13 +555,15 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
             r#"expected a JSON object such as {"owner": "worker-a", "ttl_ms": 30000}"#.into(),
         ));
     }
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::InvalidBody(format!("the request body is not valid JSON: {e}")))?;
-    let Some(members) = value.as_object() else {
-        return Err(Error::InvalidBody(
-            "the request body must be a JSON object".into(),
-        ));
-    };
+    let members = json_object::parse(&bytes).map_err(|refusal| {
+        Error::InvalidBody(match refusal {
+            Refusal::NotJson(e) => format!("the request body is not valid JSON: {e}"),
+            Refusal::NotObject => "the request body must be a JSON object".into(),
+            Refusal::Duplicate(name) => {
+                format!("the member {name} appears twice in the lock request")
+            }
+        })
+    })?;
     // A misspelt member (`ttl` for `ttl_ms`) must not quietly fall back to
     // a default: the caller would hold the lock for a time it never asked for.
     if let Some(unknown) = members
@@ -573,7 +576,7 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
         )));
     }
     let label_given = members.contains_key("label");
-    let mut body: LockBody = serde_json::from_value(value)
+    let mut body: LockBody = serde_json::from_value(serde_json::Value::Object(members))
         .map_err(|e| Error::InvalidBody(format!("invalid lock request: {e}")))?;
     body.label_given = label_given;
     Ok(body)

@@ -29,6 +29,7 @@ use super::precondition::Expected;
 use super::Versioning;
 use crate::body::{self, Body};
 use crate::error::{Error, Result};
+use crate::json_object::{self, Refusal};
 use crate::problem;
 use crate::resources::{encode_path, Route, MAX_KEY_BYTES};
 use crate::store::Lease;
@@ -211,11 +212,13 @@ async fn read_prefix(req: Request<Incoming>) -> Result<String> {
     )
     .await?;
     let example = r#"expected a JSON object such as {"prefix": "articles/"}"#;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::InvalidBody(format!("{example}; the body is not valid JSON: {e}")))?;
-    let Some(members) = value.as_object() else {
-        return Err(Error::InvalidBody(example.into()));
-    };
+    let members = json_object::parse(&bytes).map_err(|refusal| {
+        Error::InvalidBody(match refusal {
+            Refusal::NotJson(e) => format!("{example}; the body is not valid JSON: {e}"),
+            Refusal::NotObject => example.into(),
+            Refusal::Duplicate(name) => format!("the member {name} appears twice"),
+        })
+    })?;
     if let Some(unknown) = members.keys().find(|k| *k != "prefix") {
         return Err(Error::InvalidBody(format!(
             "unknown member {unknown:?}; the only member is \"prefix\""
