@@ -500,6 +500,53 @@ async fn range_on_a_stamped_read_is_ignored_and_if_range_never_reaches_the_backe
     }
 }
 
+/// `If-Modified-Since` never reaches the backend on a versioned read: a
+/// backend that answered it (to the second) could confirm a copy that a
+/// write in the same second made stale, even beside an `If-None-Match`
+/// lockstep answers 200 to.
+#[tokio::test]
+async fn if_modified_since_is_not_forwarded_on_versioned_reads() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/ims", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/ims");
+    let w = client
+        .patch(&url, json!({"title": "b"}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(w.status, 200, "{w:?}");
+    backend.clear_log().await;
+
+    let since = "Thu, 01 Jan 2026 00:00:00 GMT";
+    for stale in [Some("\"1\""), None] {
+        let mut req = client.get(&url).header("if-modified-since", since);
+        if let Some(tag) = stale {
+            req = req.header("if-none-match", tag);
+        }
+        let resp = req.send().await;
+        assert_eq!(resp.status, 200, "{stale:?}: {resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"2\""), "{resp:?}");
+        assert_eq!(resp.json(), json!({"title": "b", "version": 2}));
+    }
+    let head = client
+        .head(&url)
+        .header("if-modified-since", since)
+        .send()
+        .await;
+    assert_eq!(head.status, 200, "{head:?}");
+
+    let gets = received(&backend, "GET", "/articles/ims").await;
+    assert_eq!(gets.len(), 3, "{gets:?}");
+    for get in &gets {
+        assert!(
+            logged_header(get, "if-modified-since").is_empty(),
+            "If-Modified-Since reached the backend: {get}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn range_is_ignored_on_etag_only_reads_too() {
     let backend = Backend::start();

@@ -355,6 +355,15 @@ impl Versioning {
         if version.is_some() || guarded_range {
             parts.headers.remove(header::RANGE);
         }
+        // `If-Modified-Since` neither: lockstep's ETag is the validator of
+        // a versioned item. A backend whose `Last-Modified` counts whole
+        // seconds would answer 304 for a copy that a write in the same
+        // second made stale, and with an `If-None-Match` present it must
+        // be ignored anyway (RFC 9110 §13.1.3). Without a version (the
+        // store is down) it is the backend's to answer, as `Range` is.
+        if version.is_some() || !inm_headers.is_empty() {
+            parts.headers.remove(header::IF_MODIFIED_SINCE);
+        }
         for h in [header::IF_NONE_MATCH, header::IF_MATCH] {
             parts.headers.remove(h);
         }
