@@ -194,9 +194,13 @@ async fn drift_after_an_unknown_outcome_is_still_noticed(kind: DbKind) {
     assert_eq!(read(&c, &ls, "/articles/u").await.0, 2);
     tokio::time::sleep(Duration::from_millis(800)).await;
     // The lease ran out: its write counts once more (3), and that body is
-    // recorded as version 3's.
+    // recorded as version 3's. Recording it took the lease over, so that is
+    // where the takeover is counted: no later claim will see it.
+    let takeovers = "lockstep_version_unknown_outcome_bumps_total{reason=\"lease_takeover\"}";
+    assert_eq!(counter(&ls, takeovers).await, 0.0);
     assert_eq!(read(&c, &ls, "/articles/u").await.0, 3);
     assert_eq!(read(&c, &ls, "/articles/u").await.0, 3);
+    assert_eq!(counter(&ls, takeovers).await, 1.0);
     backend.seed("/articles/u", json!({"title": "c"})).await;
     assert_eq!(read(&c, &ls, "/articles/u").await.0, 4, "drift noticed");
     assert_eq!(
@@ -209,6 +213,7 @@ async fn drift_after_an_unknown_outcome_is_still_noticed(kind: DbKind) {
         .send()
         .await;
     assert_eq!((w.status, w.etag_version()), (200, Some(5)), "{w:?}");
+    assert_eq!(counter(&ls, takeovers).await, 1.0, "counted once");
 }
 
 async fn routes_without_detect_drift_keep_the_stale_version(kind: DbKind) {

@@ -31,6 +31,7 @@ use http::{HeaderMap, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::splice::{self, Kind, Member, StampPlan};
+use super::metrics::UnknownOutcome;
 use super::{coding, not_modified_from, precondition, set_etag, stamp, Outcome, Versioning};
 use crate::body::{self, Body, Collected};
 use crate::error::Result;
@@ -345,7 +346,15 @@ impl Versioning {
                 .store
                 .record_hash(key, seen, detail.state.exists, hash)
                 .await
-                .map(|_| Verdict::Same(seen)),
+                .map(|recorded| {
+                    if recorded && detail.state.lease == Lease::Expired {
+                        // This row now holds the version that counts the
+                        // expired lease's write: the takeover happened
+                        // here, and no later claim will see it.
+                        self.metrics.unknown_outcome(UnknownOutcome::LeaseTakeover);
+                    }
+                    Verdict::Same(seen)
+                }),
             Some(stored) => self.bump_for_drift(key, seen, stored, hash).await,
         };
         result.unwrap_or_else(|e| {
