@@ -710,7 +710,10 @@ async fn unknown_body_members_are_400_naming_them(db: DbKind) {
     for (body, member) in [
         (r#"{"owner": "a", "owner": "b", "ttl_ms": 5000}"#, "owner"),
         (r#"{"owner": "a", "ttl_ms": 5000, "ttl_ms": 1}"#, "ttl_ms"),
-        (r#"{"owner": "a", "label": "x", "l\u0061bel": "y"}"#, "label"),
+        (
+            r#"{"owner": "a", "label": "x", "l\u0061bel": "y"}"#,
+            "label",
+        ),
     ] {
         for method in [Method::POST, Method::PATCH] {
             let r = c

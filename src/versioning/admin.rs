@@ -62,12 +62,13 @@ impl Versioning {
     ) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
-        let call = authorized
-            .and_then(|()| parse_call(&method, raw))
-            .and_then(|call| match &call {
-                Call::Read(k) | Call::Bump(k) => self.check_key(k).map(|()| call),
-                Call::BumpPrefix => Ok(call),
-            });
+        let call =
+            authorized
+                .and_then(|()| parse_call(&method, raw))
+                .and_then(|call| match &call {
+                    Call::Read(k) | Call::Bump(k) => self.check_key(k).map(|()| call),
+                    Call::BumpPrefix => Ok(call),
+                });
         let key = match &call {
             Ok(Call::Read(k) | Call::Bump(k)) => Some(k.clone()),
             _ => None,

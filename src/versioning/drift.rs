@@ -30,8 +30,8 @@ use http::header;
 use http::{HeaderMap, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
-use super::splice::{self, Kind, Member, StampPlan};
 use super::metrics::UnknownOutcome;
+use super::splice::{self, Kind, Member, StampPlan};
 use super::{coding, not_modified_from, precondition, set_etag, stamp, Outcome, Versioning};
 use crate::body::{self, Body, Collected};
 use crate::error::Result;
