@@ -56,8 +56,13 @@ pub enum Error {
     RequestTimeout { timeout_ms: u64 },
     #[error("{0}")]
     NotFound(String),
-    #[error("{0}")]
-    Forbidden(String),
+    /// A lock call only the holder may make, by another owner: the holder
+    /// is shown as in a 409 `lock-held`, by fingerprint and label.
+    #[error("{detail}")]
+    NotHolder {
+        detail: String,
+        holder: Box<HeldLock>,
+    },
     /// No bearer token, or one that is not accepted; `invalid_token` when
     /// one was presented (RFC 6750 `error="invalid_token"`).
     #[error("{detail}")]

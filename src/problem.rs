@@ -169,7 +169,15 @@ impl From<&Error> for Problem {
                 detail,
             ),
             Error::NotFound(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
-            Error::Forbidden(_) => Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail),
+            Error::NotHolder { holder, .. } => {
+                Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail)
+                    .ext("resource", json!(holder.resource))
+                    .ext("owner_fingerprint", json!(holder.owner_fingerprint))
+                    .ext("label", json!(holder.label))
+                    .ext("fencing_token", json!(holder.fencing_token))
+                    .ext("acquired_at", json!(rfc3339_ms(holder.acquired_at_ms)))
+                    .ext("expires_at", json!(rfc3339_ms(holder.expires_at_ms)))
+            }
             Error::Unauthorized { invalid_token, .. } => Problem::new(
                 S::UNAUTHORIZED,
                 "unauthorized",
@@ -357,7 +365,22 @@ mod tests {
                 "request-timeout",
             ),
             (Error::NotFound("x".into()), 404, "not-found"),
-            (Error::Forbidden("x".into()), 403, "forbidden"),
+            (
+                Error::NotHolder {
+                    detail: "x".into(),
+                    holder: Box::new(HeldLock {
+                        resource: "r".into(),
+                        owner_fingerprint: "0123456789abcdef".into(),
+                        label: Some("l".into()),
+                        fencing_token: 1,
+                        acquired_at_ms: 0,
+                        expires_at_ms: 0,
+                        remaining_ms: 10,
+                    }),
+                },
+                403,
+                "forbidden",
+            ),
             (
                 Error::Unauthorized {
                     detail: "x".into(),

@@ -114,6 +114,7 @@ async fn the_owner_is_shown_only_to_callers_that_presented_it(db: DbKind) {
         detail.contains(&fingerprint(&a)) && detail.contains("report-worker on node-3"),
         "the 403 names the holder by fingerprint and label: {detail}"
     );
+    assert_shows_holder(&forbidden.json(), &a, "report-worker on node-3", "403");
     let renewed = renew(&c, &url, &b, 30_000).await;
     assert_eq!(renewed.status, 409, "{renewed:?}");
     assert_hidden(&renewed, &a, "409 on renew");
@@ -188,6 +189,7 @@ async fn the_owner_is_in_no_log_line(db: DbKind) {
         "refresh",
         "conflict",
         "renew",
+        "release-refused",
         "release-expired",
         "renew-expired",
         "reclaim",
@@ -202,6 +204,25 @@ async fn the_owner_is_in_no_log_line(db: DbKind) {
             field(&line, "owner_fingerprint").is_string(),
             "{event} line without owner_fingerprint: {line}"
         );
+    }
+    // The refused release and renew say who tried and who holds.
+    for (event, operation) in [("release-refused", None), ("conflict", Some("renew"))] {
+        let line = ls
+            .wait_for_log(Duration::from_secs(2), |l| {
+                field(l, "event") == event && operation.is_none_or(|op| field(l, "operation") == op)
+            })
+            .await;
+        assert_eq!(
+            field(&line, "owner_fingerprint"),
+            fingerprint(&b).as_str(),
+            "{line}"
+        );
+        assert_eq!(
+            field(&line, "holder_fingerprint"),
+            fingerprint(&a).as_str(),
+            "{line}"
+        );
+        assert_eq!(field(&line, "holder_label"), "lbl-a", "{line}");
     }
     let reclaim = ls
         .wait_for_log(Duration::from_secs(2), |l| field(l, "event") == "reclaim")

@@ -415,6 +415,30 @@ async fn drive_open_server(d: &mut Driver) {
     )
     .await;
     d.call(
+        "prefix bump, body too large",
+        M::POST,
+        BUMP_PREFIX,
+        "/versions/bump",
+        |b| b.body(vec![b' '; 17 * 1024]),
+        413,
+    )
+    .await;
+    d.call("version, headers only", M::HEAD, VERSION, k, id, 200)
+        .await;
+    d.call(
+        "version, headers only, malformed key",
+        M::HEAD,
+        VERSION,
+        "/versions/a%zz",
+        id,
+        400,
+    )
+    .await;
+    for m in [M::PUT, M::PATCH, M::DELETE] {
+        d.call("version, unsupported method", m, VERSION, k, id, 405)
+            .await;
+    }
+    d.call(
         "prefix bump without a prefix",
         M::POST,
         BUMP_PREFIX,
@@ -449,10 +473,15 @@ async fn drive_open_server(d: &mut Driver) {
     .await;
 }
 
-/// A lock request whose body never arrives: 408 after the body timeout.
-async fn slow_body(admin: std::net::SocketAddr, method: Method) -> Answer {
+/// A request whose body never arrives: 408 after the body timeout.
+async fn slow_body(
+    admin: std::net::SocketAddr,
+    method: Method,
+    template: &'static str,
+    path: &str,
+) -> Answer {
     let request = format!(
-        "{method} /locks/job:slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
          Content-Length: 100\r\n\r\n{{\"owner\""
     );
     let raw = raw_http1_with_timeouts(
@@ -467,7 +496,7 @@ async fn slow_body(admin: std::net::SocketAddr, method: Method) -> Answer {
     Answer {
         what: "a body that never arrives".into(),
         method,
-        template: LOCK,
+        template,
         status: 408,
         headers: head
             .lines()
@@ -648,7 +677,12 @@ async fn the_document_describes_every_answer_of_the_admin_listener() {
         .database(format!("postgres://lockstep@127.0.0.1:{port}/lockstep"))
         .start();
 
-    let slow = [Method::POST, Method::PATCH].map(|m| tokio::spawn(slow_body(open.admin_addr(), m)));
+    let slow = [
+        (Method::POST, LOCK, "/locks/job:slow"),
+        (Method::PATCH, LOCK, "/locks/job:slow"),
+        (Method::POST, BUMP_PREFIX, "/versions/bump"),
+    ]
+    .map(|(m, template, path)| tokio::spawn(slow_body(open.admin_addr(), m, template, path)));
     let c = Client::new();
     let served = c.get(open.admin_url_for("/openapi.json")).send().await;
     assert_eq!(served.status, 200, "{served:?}");
@@ -700,6 +734,7 @@ async fn the_document_describes_every_answer_of_the_admin_listener() {
     }
     for (m, template, path) in [
         (M::GET, VERSION, "/versions/articles%2F7"),
+        (M::HEAD, VERSION, "/versions/articles%2F7"),
         (M::POST, BUMP, "/versions/articles%2F7/bump"),
         (M::POST, BUMP_PREFIX, "/versions/bump"),
     ] {
@@ -761,6 +796,7 @@ async fn the_document_describes_every_answer_of_the_admin_listener() {
 
     for (m, template, path) in [
         (M::GET, VERSION, "/versions/articles%2F7"),
+        (M::HEAD, VERSION, "/versions/articles%2F7"),
         (M::POST, BUMP, "/versions/articles%2F7/bump"),
         (M::POST, BUMP_PREFIX, "/versions/bump"),
     ] {

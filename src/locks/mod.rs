@@ -216,6 +216,7 @@ impl Locks {
                             holder_fingerprint = %owner_fingerprint(&holder.owner),
                             holder_label = holder.label.as_deref().unwrap_or(""),
                             fencing_token = holder.fencing_token,
+                            operation = "acquire",
                             wait_ms = started.elapsed().as_millis() as u64,
                             "lock held by another owner"
                         );
@@ -291,10 +292,24 @@ impl Locks {
                 *resp.status_mut() = StatusCode::NO_CONTENT;
                 Ok(resp)
             }
-            LockChange::OtherOwner(lock) => Err(Error::Forbidden(format!(
-                "lock {resource:?} is held by another owner ({}); only its holder may release it",
-                describe_holder(&lock)
-            ))),
+            LockChange::OtherOwner(lock) => {
+                tracing::info!(
+                    target: "lockstep::locks",
+                    event = "release-refused",
+                    resource, owner_fingerprint = %fingerprint,
+                    holder_fingerprint = %owner_fingerprint(&lock.owner),
+                    holder_label = lock.label.as_deref().unwrap_or(""),
+                    fencing_token = lock.fencing_token,
+                    "release refused: another owner holds the lock"
+                );
+                Err(Error::NotHolder {
+                    detail: format!(
+                        "lock {resource:?} is held by another owner ({}); only its holder may release it",
+                        describe_holder(&lock)
+                    ),
+                    holder: Box::new(held(&lock)),
+                })
+            }
             LockChange::Missing { expired } => {
                 if let Some(lock) = expired.filter(|l| l.owner == owner) {
                     self.metrics.expired(Expiry::ReleasedLate);
@@ -342,6 +357,17 @@ impl Locks {
             }
             LockChange::OtherOwner(lock) => {
                 self.metrics.conflict(LockOp::Renew);
+                tracing::info!(
+                    target: "lockstep::locks",
+                    event = "conflict",
+                    resource, owner_fingerprint = %fingerprint,
+                    label = "",
+                    holder_fingerprint = %owner_fingerprint(&lock.owner),
+                    holder_label = lock.label.as_deref().unwrap_or(""),
+                    fencing_token = lock.fencing_token,
+                    operation = "renew",
+                    "renew refused: another owner holds the lock"
+                );
                 Err(Error::LockHeld(Box::new(held(&lock))))
             }
             LockChange::Missing {

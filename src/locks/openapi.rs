@@ -113,7 +113,10 @@ mod tests {
             Error::PayloadTooLarge { limit: 1 },
             Error::RequestTimeout { timeout_ms: 1 },
             Error::NotFound("x".into()),
-            Error::Forbidden("x".into()),
+            Error::NotHolder {
+                detail: "x".into(),
+                holder: Box::new(held.clone()),
+            },
             Error::Unauthorized {
                 detail: "x".into(),
                 invalid_token: false,
