@@ -427,6 +427,17 @@ impl ResourceMap {
             Err(_) => None,
         };
         if strict_named.is_none() && lenient_named.iter().all(Option::is_none) {
+            // Passed through as it is, a path that starts with two slashes
+            // is read by a WHATWG URL parser (`new URL(path, base)`) or
+            // Python's `urlsplit` as `//host/path`: it must not name a
+            // versioned route that way either. (A path lockstep versions
+            // is forwarded in its canonical form, which has no such
+            // reading.)
+            if let Some(named) =
+                scheme_relative_segments(raw_path).and_then(|segs| self.name(&segs, Case::Folded))
+            {
+                return Err(self.ambiguity(raw_path, Reading::Nothing, named.reading()));
+            }
             // An undecodable path names nothing; but a backend that does not
             // decode at all might still route it, so look at it raw.
             return match strict {
@@ -871,6 +882,25 @@ pub fn lenient_readings(raw_path: &str) -> Vec<Vec<String>> {
     readings
 }
 
+/// For a path that starts with two slashes (`/` or `\`, in any order),
+/// the lenient segments of what a WHATWG URL parser takes for its path
+/// once it has read the rest as a scheme-relative reference: every leading
+/// slash skipped, then the authority up to the next slash dropped
+/// (`//x/articles/42`, `/\\user@x:80/articles/42`: `/articles/42`).
+/// Python's `urlsplit` reads `//x/…` the same way. Pure.
+fn scheme_relative_segments(raw_path: &str) -> Option<Vec<String>> {
+    let is_slash = |c: char| c == '/' || c == '\\';
+    let mut chars = raw_path.chars();
+    if !(chars.next().is_some_and(is_slash) && chars.next().is_some_and(is_slash)) {
+        return None;
+    }
+    let authority_and_path = raw_path.trim_start_matches(is_slash);
+    let path_start = authority_and_path
+        .find(is_slash)
+        .unwrap_or(authority_and_path.len());
+    Some(lenient_segments(&authority_and_path[path_start..]))
+}
+
 /// The kinds of alias in a raw path, for a refusal's `detail`.
 fn alias_kinds(raw_path: &str) -> Vec<&'static str> {
     let has = |needle: &str| {
@@ -894,6 +924,9 @@ fn alias_kinds(raw_path: &str) -> Vec<&'static str> {
     }
     if matches!(strict_segments(raw_path), Err(StrictError::AboveRoot)) {
         kinds.push("'..' above the root");
+    }
+    if scheme_relative_segments(raw_path).is_some() {
+        kinds.push("a leading '//' (read by URL parsers as '//host/path')");
     }
     kinds
 }
@@ -1061,6 +1094,47 @@ mod tests {
                 _ => panic!("{path:?}: wanted {want:?}, got {got:?}"),
             }
         }
+    }
+
+    /// Passed through raw, `//x/articles/42` is `/articles/42` to a WHATWG
+    /// URL parser and to `urlsplit`: refused. A path lockstep versions is
+    /// forwarded canonically, so `//articles/42` stays versioned.
+    #[test]
+    fn a_scheme_relative_path_that_names_an_item_is_refused() {
+        let ambiguous = [
+            "//x/articles/42",
+            "/\\x/articles/42",
+            "\\\\x/articles/42",
+            "//x:80/articles/42",
+            "//user@x/articles/42",
+            "//x/./articles/42",
+            "//x/a/../articles/42",
+            "//articles/articles/42",
+            "///x/articles/42",
+            "//x/articles",
+        ];
+        for path in ambiguous {
+            check(&map(), &[(path, Want::Ambiguous)]);
+        }
+        let Err(PathError::Ambiguous(a)) = map().classify("//x/articles/42") else {
+            unreachable!()
+        };
+        assert!(
+            a.aliases.iter().any(|k| k.contains("leading '//'")),
+            "{:?}",
+            a.aliases
+        );
+        check(
+            &map(),
+            &[
+                (
+                    "//articles/42",
+                    Want::Is(item("articles/42", "/articles/42")),
+                ),
+                ("//x/other/42", Want::Is(Route::Unversioned)),
+                ("/x//articles/42", Want::Is(Route::Unversioned)),
+            ],
+        );
     }
 
     #[test]

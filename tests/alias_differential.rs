@@ -273,7 +273,21 @@ impl Probe {
 /// How a path to `/articles/42` can be spelled: five places, each with the
 /// spellings some backend reads as the plain one.
 const PREFIXES: &[&str] = &[
-    "/", "//", "/./", "/../", "/x/../", "/%2e/", "/%2E%2E/", "\\", "/;p/", "/.;/", "/%2F",
+    "/",
+    "//",
+    "/./",
+    "/../",
+    "/x/../",
+    "/%2e/",
+    "/%2E%2E/",
+    "\\",
+    "/;p/",
+    "/.;/",
+    "/%2F",
+    // A scheme-relative reference to URL parsers: host `x`, then the path.
+    "//x/",
+    "/\\x/",
+    "//u@x:80/",
 ];
 const LITERALS: &[&str] = &[
     "articles",
