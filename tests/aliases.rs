@@ -114,6 +114,27 @@ async fn stale_writes_through_aliases_are_refused_or_get_409_and_never_reach_the
             vec![("X_HTTP_Method_Override", "PATCH")],
             Want::Conflict,
         ),
+        // As PHP's `$_GET` and built-in server read names: `.` (raw or
+        // `%2E`) becomes `_`, a NUL cuts the name.
+        ("POST", "/articles/42?.method=PUT", vec![], Want::Conflict),
+        (
+            "POST",
+            "/articles/42?%2Emethod=DELETE",
+            vec![],
+            Want::Conflict,
+        ),
+        (
+            "POST",
+            "/articles/42?_method%00=PATCH",
+            vec![],
+            Want::Conflict,
+        ),
+        (
+            "POST",
+            "/articles/42",
+            vec![("X.HTTP.Method.Override", "PUT")],
+            Want::Conflict,
+        ),
         // …or refused when they name anything else.
         (
             "POST",
@@ -435,4 +456,110 @@ async fn an_override_turning_a_collection_post_into_a_write_is_refused() {
         backend.stored("/articles/1").await,
         Some(json!({"title": "kept"}))
     );
+}
+
+/// Rails (Rack), Symfony, Laravel and Express's `method-override` read
+/// `_method` from a form body too, and Laravel from a JSON one: such a
+/// `POST` to an item is checked as the write it names, to a collection
+/// refused; a body without one goes on as a plain `POST`, byte for byte.
+#[tokio::test]
+async fn a_method_named_in_a_post_body_is_checked_like_that_write() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/42", json!({"title": "original"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let item = lockstep.proxy_url_for("/articles/42");
+    let current = client
+        .patch(&item, json!({"title": "v2"}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!(current.etag_version(), Some(2), "{current:?}");
+    backend.clear_log().await;
+
+    let multipart = "--XyZ\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\nstale\r\n\
+                     --XyZ\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPATCH\r\n--XyZ--\r\n";
+    for (content_type, body) in [
+        (
+            "application/x-www-form-urlencoded",
+            "_method=PATCH&title=stale",
+        ),
+        (
+            "application/x-www-form-urlencoded",
+            "title=stale&_method=delete",
+        ),
+        (
+            "application/x-www-form-urlencoded; charset=utf-8",
+            ".method=PUT",
+        ),
+        ("multipart/form-data; boundary=XyZ", multipart),
+        (
+            "application/json",
+            r#"{"_method": "PUT", "title": "stale"}"#,
+        ),
+    ] {
+        let stale = client
+            .request(Method::POST, &item)
+            .header("content-type", content_type)
+            .header("if-match", "\"1\"")
+            .body(body)
+            .send()
+            .await;
+        assert_conflict(&stale, 409, 2);
+    }
+    assert!(backend.log().await.is_empty(), "a stale write got through");
+
+    // Current: claimed, forwarded as sent (this backend answers any POST
+    // with a JSON object 201), bumped.
+    let form = r#"{"_method": "PATCH", "title": "json"}"#;
+    let resp = client
+        .request(Method::POST, &item)
+        .header("content-type", "application/json")
+        .header("if-match", "\"2\"")
+        .body(form)
+        .send()
+        .await;
+    assert!(resp.status < 300, "{resp:?}");
+    let log = backend.log().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["method"], "POST", "{log:?}");
+    assert_eq!(log[0]["body"], form, "forwarded byte for byte: {log:?}");
+    let read = client.get(&item).send().await;
+    assert_eq!(read.etag_version(), Some(3), "the write bumped: {read:?}");
+
+    // No `_method`: a plain POST to an item, passed on unversioned.
+    backend.clear_log().await;
+    let plain = client
+        .request(Method::POST, &item)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("title=comment&method=PUT")
+        .send()
+        .await;
+    assert_eq!(plain.etag(), None, "{plain:?}");
+    assert_eq!(backend.log().await.len(), 1);
+    assert_eq!(
+        client.get(&item).send().await.etag_version(),
+        Some(3),
+        "a plain POST bumps nothing"
+    );
+
+    // A collection cannot be written through an override.
+    let resp = client
+        .request(Method::POST, lockstep.proxy_url_for("/articles"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("_method=DELETE")
+        .send()
+        .await;
+    assert_problem(&resp, 400, "invalid-request");
+    // Two methods named two ways: refused.
+    let resp = client
+        .request(
+            Method::POST,
+            lockstep.proxy_url_for("/articles/42?_method=PUT"),
+        )
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("_method=DELETE")
+        .send()
+        .await;
+    assert_problem(&resp, 400, "invalid-request");
 }

@@ -297,11 +297,15 @@ impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
     /// byte for byte, bodies streamed both ways. A failure is the error the
     /// client is answered with (502/504); the caller renders it.
-    pub async fn passthrough(
+    pub async fn passthrough<B>(
         &self,
-        req: Request<hyper::body::Incoming>,
+        req: Request<B>,
         inbound: Inbound<'_>,
-    ) -> Result<Response<Body>, Error> {
+    ) -> Result<Response<Body>, Error>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
+        B::Error: Into<crate::body::BoxError>,
+    {
         let pq = req
             .uri()
             .path_and_query()

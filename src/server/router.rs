@@ -163,12 +163,16 @@ impl ProxyRouter {
         resp
     }
 
-    async fn passthrough(
+    async fn passthrough<B>(
         &self,
-        req: Request<Incoming>,
+        req: Request<B>,
         inbound: Inbound<'_>,
         started: Instant,
-    ) -> Response<Body> {
+    ) -> Response<Body>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
+        B::Error: Into<crate::body::BoxError>,
+    {
         if !self.access_log {
             return forwarded(self.upstream.passthrough(req, inbound).await).0;
         }

@@ -55,7 +55,34 @@ pub fn effective(
             method.as_str()
         )));
     }
-    let overrides = overrides(headers, query)?;
+    decide(method, &overrides(headers, query)?)
+}
+
+/// Whether a `POST`'s body may carry a `_method` override that some
+/// framework reads: a form (Rails' Rack, Symfony and Laravel, Express's
+/// `method-override` read `_method` from `application/x-www-form-urlencoded`
+/// and `multipart/form-data` bodies), or JSON (Laravel reads its input
+/// from a JSON body alike). Such a body is read before the request goes
+/// on, to look.
+pub fn body_may_override(headers: &HeaderMap) -> bool {
+    form_kind(headers).is_some() || crate::versioning::stamp::is_json(headers)
+}
+
+/// [`effective`], with the `_method` a `POST`'s body carries (see
+/// [`body_may_override`]) counted too.
+pub fn effective_with_body(
+    method: &Method,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body: &[u8],
+) -> Result<Method, Error> {
+    let mut found = overrides(headers, query)?;
+    found.extend(body_overrides(headers, body));
+    decide(method, &found)
+}
+
+/// The method to check a request as, given the overrides it carries.
+fn decide(method: &Method, overrides: &[(String, String)]) -> Result<Method, Error> {
     let Some((first_source, first)) = overrides.first() else {
         return Ok(method.clone());
     };
@@ -83,35 +110,39 @@ pub fn effective(
     }
 }
 
-/// The override headers spelt with `_` for `-`: CGI and WSGI servers put
-/// both spellings under one name (`HTTP_X_HTTP_METHOD_OVERRIDE`), so a
-/// backend behind one may read either.
-const OVERRIDE_HEADERS_UNDERSCORED: [&str; 3] = [
-    "x_http_method_override",
-    "x_http_method",
-    "x_method_override",
-];
+/// Whether a header `name` is an override header as some server reads it:
+/// CGI and WSGI servers put `X-HTTP-Method-Override` and
+/// `X_HTTP_Method_Override` under one name (`HTTP_X_HTTP_METHOD_OVERRIDE`),
+/// and PHP's built-in server maps `.` there too; so every character that
+/// is not a letter or digit counts as `-`.
+fn is_override_header(name: &str) -> bool {
+    OVERRIDE_HEADERS.iter().any(|o| {
+        o.len() == name.len()
+            && o.bytes().zip(name.bytes()).all(|(o, n)| {
+                o == n.to_ascii_lowercase() || (o == b'-' && !n.is_ascii_alphanumeric())
+            })
+    })
+}
 
 /// Every override the request carries, as `(where, value)`.
 fn overrides(headers: &HeaderMap, query: Option<&str>) -> Result<Vec<(String, String)>, Error> {
     let mut found = Vec::new();
-    for name in OVERRIDE_HEADERS
-        .into_iter()
-        .chain(OVERRIDE_HEADERS_UNDERSCORED)
-    {
-        for value in headers.get_all(name) {
-            let value = value.to_str().map_err(|_| {
-                Error::InvalidRequest(format!("the {name} header is not visible ASCII"))
-            })?;
-            found.push((name.to_string(), value.to_string()));
+    for (name, value) in headers {
+        if !is_override_header(name.as_str()) {
+            continue;
         }
+        let value = value.to_str().map_err(|_| {
+            Error::InvalidRequest(format!("the {name} header is not visible ASCII"))
+        })?;
+        found.push((name.to_string(), value.to_string()));
     }
     // `;` separates parameters too for some query parsers (older Python,
-    // Go before 1.17), and the name is compared without regard to case:
-    // reading more spellings as overrides only checks more requests.
+    // Go before 1.17), and the name is compared without regard to case and
+    // as PHP reads it: reading more spellings as overrides only checks
+    // more requests.
     for pair in query.unwrap_or_default().split(['&', ';']) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if form_decode(key).eq_ignore_ascii_case(OVERRIDE_PARAM) {
+        if php_name(&form_decode(key)).eq_ignore_ascii_case(OVERRIDE_PARAM) {
             found.push((
                 format!("query {OVERRIDE_PARAM}"),
                 form_decode(value).into_owned(),
@@ -119,6 +150,142 @@ fn overrides(headers: &HeaderMap, query: Option<&str>) -> Result<Vec<(String, St
         }
     }
     Ok(found)
+}
+
+/// A query parameter's name as PHP puts it in `$_GET` (which Symfony and
+/// Laravel read `_method` from): cut at a NUL byte, leading spaces
+/// dropped, and ` ` and `.` (and a `[` that no `]` closes) turned into
+/// `_`; so `.method`, `%2Emethod` and `_method%00x` are `_method` there.
+fn php_name(name: &str) -> Cow<'_, str> {
+    let name = name.split('\0').next().unwrap_or_default();
+    let name = name.trim_start_matches(' ');
+    if !name.contains([' ', '.', '[']) {
+        return Cow::Borrowed(name);
+    }
+    let open_bracket = !name.contains(']');
+    Cow::Owned(
+        name.chars()
+            .map(|c| match c {
+                ' ' | '.' => '_',
+                '[' if open_bracket => '_',
+                c => c,
+            })
+            .collect(),
+    )
+}
+
+/// The two form encodings, told apart by `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FormKind {
+    UrlEncoded,
+    Multipart,
+}
+
+fn form_kind(headers: &HeaderMap) -> Option<FormKind> {
+    let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = ct.split(';').next().unwrap_or_default().trim();
+    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        Some(FormKind::UrlEncoded)
+    } else if essence.eq_ignore_ascii_case("multipart/form-data") {
+        Some(FormKind::Multipart)
+    } else {
+        None
+    }
+}
+
+/// Every `_method` a body carries, as `(where, value)`: form fields named
+/// so (as PHP reads names, see [`php_name`]), or a top-level JSON member.
+fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Vec<(String, String)> {
+    let source = || format!("body {OVERRIDE_PARAM}");
+    match form_kind(headers) {
+        Some(FormKind::UrlEncoded) => String::from_utf8_lossy(body)
+            .split(['&', ';'])
+            .filter_map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                php_name(&form_decode(key))
+                    .eq_ignore_ascii_case(OVERRIDE_PARAM)
+                    .then(|| (source(), form_decode(value).into_owned()))
+            })
+            .collect(),
+        Some(FormKind::Multipart) => multipart_fields(headers, body)
+            .into_iter()
+            .filter(|(name, _)| php_name(name).eq_ignore_ascii_case(OVERRIDE_PARAM))
+            .map(|(_, value)| (source(), value))
+            .collect(),
+        None => {
+            // A JSON object's top-level `_method`, in any case; a body
+            // that is not one carries none.
+            let unmarked = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+            let Ok(object) =
+                serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(unmarked)
+            else {
+                return Vec::new();
+            };
+            object
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(OVERRIDE_PARAM))
+                .map(|(_, v)| {
+                    (
+                        source(),
+                        v.as_str().map_or_else(|| v.to_string(), str::to_string),
+                    )
+                })
+                .collect()
+        }
+    }
+}
+
+/// The `(name, value)` of each field of a `multipart/form-data` body (RFC
+/// 7578), as far as a form parser would find them: parts between
+/// `--boundary` lines, the name from `Content-Disposition`, the value the
+/// part's body (a file's too). A body without a usable boundary has none.
+fn multipart_fields(headers: &HeaderMap, body: &[u8]) -> Vec<(String, String)> {
+    let Some(boundary) = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ct| {
+            ct.split(';').skip(1).find_map(|p| {
+                let (k, v) = p.split_once('=')?;
+                k.trim()
+                    .eq_ignore_ascii_case("boundary")
+                    .then(|| v.trim().trim_matches('"').to_string())
+            })
+        })
+        .filter(|b| !b.is_empty())
+    else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(body);
+    let delimiter = format!("--{boundary}");
+    let mut fields = Vec::new();
+    for part in text.split(delimiter.as_str()).skip(1) {
+        let Some((head, value)) = part
+            .split_once("\r\n\r\n")
+            .or_else(|| part.split_once("\n\n"))
+        else {
+            continue;
+        };
+        let name = head.lines().find_map(|line| {
+            let (field, rest) = line.split_once(':')?;
+            if !field.trim().eq_ignore_ascii_case("content-disposition") {
+                return None;
+            }
+            rest.split(';').skip(1).find_map(|p| {
+                let (k, v) = p.split_once('=')?;
+                k.trim()
+                    .eq_ignore_ascii_case("name")
+                    .then(|| v.trim().trim_matches('"').to_string())
+            })
+        });
+        if let Some(name) = name {
+            let value = value
+                .strip_suffix("\r\n")
+                .or_else(|| value.strip_suffix('\n'))
+                .unwrap_or(value);
+            fields.push((name, value.to_string()));
+        }
+    }
+    fields
 }
 
 /// `application/x-www-form-urlencoded` decoding, as frameworks read a query.
@@ -199,6 +366,14 @@ mod tests {
             (vec![], Some("a=1;_Method=PATCH"), Method::PATCH),
             (vec![("X_HTTP_Method_Override", "PUT")], None, Method::PUT),
             (vec![("x_method_override", "DELETE")], None, Method::DELETE),
+            // As PHP reads them: `.` in a header name, and query names cut
+            // at NUL, with `.`, ` ` and a lone `[` made `_`.
+            (vec![("x.http.method.override", "PUT")], None, Method::PUT),
+            (vec![], Some(".method=PUT"), Method::PUT),
+            (vec![], Some("%2Emethod=DELETE"), Method::DELETE),
+            (vec![], Some("_method%00x=PATCH"), Method::PATCH),
+            (vec![], Some("+_method=PUT"), Method::PUT),
+            (vec![], Some("[method=PUT"), Method::PUT),
             (
                 vec![("x-http-method-override", "PATCH")],
                 Some("_method=patch"),
@@ -211,6 +386,67 @@ mod tests {
                 "{headers:?} {query:?}"
             );
         }
+    }
+
+    fn with_body(content_type: &str, body: &str) -> Result<Method, String> {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
+        assert!(body_may_override(&headers), "{content_type}");
+        effective_with_body(&Method::POST, &headers, None, body.as_bytes())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_method_in_a_form_or_json_body_overrides_a_post() {
+        let form = "application/x-www-form-urlencoded";
+        let multipart = "multipart/form-data; boundary=\"b 1\"";
+        for (ct, body, want) in [
+            (form, "a=1&_method=PATCH", Method::PATCH),
+            (form, "_METHOD=delete;x=1", Method::DELETE),
+            (form, "%5Fmethod=PUT", Method::PUT),
+            (form, "_method.=PUT", Method::POST),
+            (form, "method=PUT&x_method=PATCH", Method::POST),
+            (
+                multipart,
+                "--b 1\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPUT\r\n--b 1--\r\n",
+                Method::PUT,
+            ),
+            (
+                multipart,
+                "preamble\r\n--b 1\r\ncontent-disposition: form-data; name=_method\r\n\r\npatch\r\n--b 1--",
+                Method::PATCH,
+            ),
+            (
+                multipart,
+                "--b 1\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\n_method\r\n--b 1--\r\n",
+                Method::POST,
+            ),
+            ("application/json", r#"{"_method":"DELETE"}"#, Method::DELETE),
+            ("application/merge-patch+json", "\u{feff}{\"_Method\":\"put\"}", Method::PUT),
+            ("application/json", r#"[{"_method":"DELETE"}]"#, Method::POST),
+            ("application/json", r#"{"a":{"_method":"DELETE"}}"#, Method::POST),
+        ] {
+            assert_eq!(with_body(ct, body), Ok(want), "{ct} {body:?}");
+        }
+        // Named twice, differently, or something that is no write: refused.
+        for (ct, body) in [
+            (form, "_method=PUT&_method=DELETE"),
+            (form, "_method=GET"),
+            ("application/json", r#"{"_method": 7}"#),
+        ] {
+            assert!(with_body(ct, body).is_err(), "{ct} {body:?}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, form.parse().unwrap());
+        assert!(effective_with_body(
+            &Method::POST,
+            &headers,
+            Some("_method=PUT"),
+            b"_method=PATCH"
+        )
+        .is_err());
+        headers.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        assert!(!body_may_override(&headers));
     }
 
     #[test]

@@ -197,37 +197,55 @@ impl Versioning {
         req: Request<Incoming>,
         route: &Route,
         inbound: Inbound<'_>,
-    ) -> std::result::Result<(RequestKind, Response<Body>), Request<Incoming>> {
+    ) -> std::result::Result<(RequestKind, Response<Body>), Request<Body>> {
         let started = Instant::now();
         let method = req.method().clone();
         let raw_path = req.uri().path().to_string();
+        let refused = |e: Error| {
+            let (kind, key) = match route {
+                Route::Item { key, .. } if method == Method::GET || method == Method::HEAD => {
+                    (RequestKind::VersionedRead, key.clone())
+                }
+                Route::Item { key, .. } => (RequestKind::VersionedWrite, key.clone()),
+                Route::Collection { .. } | Route::Unversioned => {
+                    (RequestKind::CollectionCreate, String::new())
+                }
+            };
+            if !key.is_empty() {
+                telemetry::record_key(&key);
+            }
+            Self::log(kind, &method, &raw_path, &key, Err(e.into()), started)
+        };
         // A method override is checked as the write it names; the request
         // is forwarded as sent, since the backend will apply it as that.
-        let checked_as = match method::effective(&method, req.headers(), req.uri().query()) {
+        let mut checked_as = match method::effective(&method, req.headers(), req.uri().query()) {
             Ok(m) => m,
-            Err(e) => {
-                let (kind, key) = match route {
-                    Route::Item { key, .. } if method == Method::GET || method == Method::HEAD => {
-                        (RequestKind::VersionedRead, key.clone())
-                    }
-                    Route::Item { key, .. } => (RequestKind::VersionedWrite, key.clone()),
-                    Route::Collection { .. } | Route::Unversioned => {
-                        (RequestKind::CollectionCreate, String::new())
-                    }
-                };
-                if !key.is_empty() {
-                    telemetry::record_key(&key);
-                }
-                return Ok(Self::log(
-                    kind,
-                    &method,
-                    &raw_path,
-                    &key,
-                    Err(e.into()),
-                    started,
-                ));
-            }
+            Err(e) => return Ok(refused(e)),
         };
+        let mut req = req.map(body::boxed);
+        if method == Method::POST
+            && *route != Route::Unversioned
+            && method::body_may_override(req.headers())
+        {
+            // A `_method` in a form or JSON body is an override too, for
+            // the frameworks that read it there: the body is read to look
+            // (also beside another override, which it must agree with).
+            let (parts, incoming) = req.into_parts();
+            let bytes = match self.read_request_body(&parts, incoming).await {
+                Ok(bytes) => bytes,
+                Err(e) => return Ok(refused(e)),
+            };
+            checked_as = match method::effective_with_body(
+                &method,
+                &parts.headers,
+                parts.uri.query(),
+                &bytes,
+            ) {
+                Ok(m) => m,
+                Err(e) => return Ok(refused(e)),
+            };
+            req = Request::from_parts(parts, body::full(bytes));
+        }
         let (kind, key, result) = match (route, &checked_as) {
             (
                 Route::Item {
@@ -291,7 +309,7 @@ impl Versioning {
 
     async fn read(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         key: &str,
         drift: Option<&DriftPolicy>,
         exclusive_writes: bool,
@@ -375,7 +393,7 @@ impl Versioning {
                 parts.method = Method::GET;
             }
         }
-        let mut fwd = Request::from_parts(parts, body::boxed(body));
+        let mut fwd = Request::from_parts(parts, body);
         self.upstream.prepare(&mut fwd, pq, inbound);
         let resp = self.upstream.send(fwd).await.map_err(|e| Failure {
             error: e.to_error(self.upstream.request_timeout()),
@@ -436,7 +454,7 @@ impl Versioning {
     /// in a task of its own so a client hanging up cannot strand the lease.
     async fn write(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         key: &str,
         fencing: &Fencing,
         pq: PathAndQuery,
@@ -461,7 +479,7 @@ impl Versioning {
     /// without `If-Match` and without the version field.
     async fn precondition(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         fencing: &Fencing,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
@@ -804,7 +822,7 @@ impl Versioning {
 
     async fn create(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         collection: &str,
         fencing: Option<&Fencing>,
         pq: PathAndQuery,
@@ -841,7 +859,7 @@ impl Versioning {
                 return (None, Err(e.into()));
             }
         }
-        let mut fwd = req.map(body::boxed);
+        let mut fwd = req;
         self.upstream.prepare(&mut fwd, pq, inbound);
         let resp = match self.upstream.send(fwd).await {
             Ok(resp) => resp,
@@ -1095,7 +1113,7 @@ impl Versioning {
     }
 
     /// Reads a write's body within `max_body_bytes` (413 beyond it).
-    async fn read_request_body(&self, parts: &Parts, body: Incoming) -> Result<Bytes> {
+    async fn read_request_body(&self, parts: &Parts, body: Body) -> Result<Bytes> {
         let limit = self.settings.max_body_bytes;
         let declared = parts
             .headers
@@ -1105,7 +1123,7 @@ impl Versioning {
         if declared.is_some_and(|n| n > limit) {
             return Err(Error::PayloadTooLarge { limit });
         }
-        body::read_request(body::boxed(body), limit, self.upstream.request_timeout()).await
+        body::read_request(body, limit, self.upstream.request_timeout()).await
     }
 }
 
