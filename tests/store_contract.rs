@@ -279,6 +279,10 @@ async fn created_items_start_at_1_or_after_their_delete(s: Arc<dyn Store>) {
     s.commit("old/1", "l").await.unwrap(); // the DELETE: at 2
     assert_eq!(s.created("old/1").await.unwrap(), 3);
     assert_eq!(s.current("old/1").await.unwrap().version, 3);
+    // Created again (a backend whose POST replaces the item): version 1
+    // was handed out for the first state, so the second gets its own.
+    assert_eq!(s.created("new/1").await.unwrap(), 2);
+    assert_eq!(s.created("new/1").await.unwrap(), 3);
 }
 
 async fn commit_after_a_takeover_reports_lost_lease(s: Arc<dyn Store>) {

@@ -1063,6 +1063,50 @@ async fn post_reusing_a_deleted_id_gets_one_past_the_deletes_version() {
     );
 }
 
+/// A backend whose POST replaces an item answers 201 for the same id
+/// again: each state gets its own version, so a client holding the first
+/// cannot overwrite the second.
+#[tokio::test]
+async fn an_id_created_twice_gets_a_new_version_each_time() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let create = |title: &'static str| {
+        client
+            .post(
+                lockstep.proxy_url_for("/articles"),
+                json!({"id": "twice", "title": title}),
+            )
+            .send()
+    };
+    let first = create("first").await;
+    assert_eq!(
+        (first.status, first.etag_version()),
+        (201, Some(1)),
+        "{first:?}"
+    );
+    let second = create("second").await;
+    assert_eq!(
+        (second.status, second.etag_version()),
+        (201, Some(2)),
+        "{second:?}"
+    );
+    let item = lockstep.proxy_url_for("/articles/twice");
+    assert_conflict(
+        &client
+            .put(&item, json!({"title": "from the first"}))
+            .if_match(1)
+            .send()
+            .await,
+        409,
+        2,
+    );
+    assert_eq!(
+        backend.stored("/articles/twice").await,
+        Some(json!({"id": "twice", "title": "second"}))
+    );
+}
+
 #[tokio::test]
 async fn post_refused_by_the_backend_passes_through_unstamped() {
     let backend = Backend::start();

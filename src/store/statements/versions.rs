@@ -100,17 +100,20 @@ impl VersionSql {
                      WHERE key = $1 AND lease_id = $2 RETURNING version"
                 ),
             ),
-            // A created item: 1 if never seen, else past everything before it
-            // (an expired lease counts as the write it may have been). A free
-            // row at 1 was only ever refused a write: still "never seen".
+            // A created item: 1 if never seen (no row), else past everything
+            // before it (an expired lease counts as the write it may have
+            // been). A row at 1 is a key seen before: created already (a
+            // backend whose POST replaces the item answers 201 again), or
+            // read under detect_drift; version 1 was handed out for it, so
+            // the new state needs a version of its own. (A write refused
+            // on a key without a row leaves none: `abort_inserted`.)
             created: Stmt::new(
                 "version_created",
                 format!(
                     "INSERT INTO versions (key, version, updated_at) VALUES ($1, 1, {now}) \
                      ON CONFLICT (key) DO UPDATE SET \
-                       version = CASE WHEN versions.version = 1 AND versions.lease_id IS NULL THEN 1 \
-                         ELSE versions.version + 1 \
-                           + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END) END, \
+                       version = versions.version + 1 \
+                           + (CASE WHEN versions.lease_until <= {now} THEN 1 ELSE 0 END), \
                        updated_at = {now}, lease_inserted = 0, \
                        lease_id = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_id END, \
                        lease_until = CASE WHEN versions.lease_until <= {now} THEN NULL ELSE versions.lease_until END \
