@@ -393,3 +393,27 @@ async fn a_write_lock_held_elsewhere_fails_the_batch_closed_and_then_recovers() 
     let lock = acquire_job_lock(&client, &lockstep).await;
     assert_eq!(lock.status, 200, "{lock:?}");
 }
+
+/// A schema that lost a table (dropped by hand) is not ready: `/readyz`
+/// answers 503 rather than 200 while every lock call fails.
+#[tokio::test]
+async fn a_table_dropped_under_lockstep_makes_it_not_ready() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::start();
+    let lockstep = serving_one_item(dir.path(), &backend).await;
+    let client = Client::new();
+    let mut other = sqlx::SqliteConnection::connect(&sqlite_url(dir.path()))
+        .await
+        .unwrap();
+    sqlx::query("DROP TABLE locks")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    other.close().await.unwrap();
+    let ready = client.get(lockstep.admin_url_for("/readyz")).send().await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert_eq!(ready.json()["type"], "unavailable", "{ready:?}");
+    let lock = acquire_job_lock(&client, &lockstep).await;
+    assert_eq!(lock.status, 503, "{lock:?}");
+}

@@ -84,7 +84,19 @@ impl<DB: Database> SqlStore<DB> {
             dialect,
             metrics,
             version_cache: None,
-            ping_read: Stmt::new("ping", "SELECT 1 FROM lock_token_floor WHERE id = 1".into()),
+            // Every table and column lockstep uses is named, so a schema
+            // that lost one (a table dropped by hand) is not ready, rather
+            // than ready with every call failing. `WHERE 1 = 0` reads no
+            // row: the statement is checked when it is prepared.
+            ping_read: Stmt::new(
+                "ping",
+                "SELECT 1 FROM lock_token_floor WHERE id = 1 AND token >= 0 \
+                 AND NOT EXISTS (SELECT key, version, updated_at, lease_id, lease_until, \
+                   lease_inserted, body_hash, hash_version FROM versions WHERE 1 = 0) \
+                 AND NOT EXISTS (SELECT resource, owner, fencing_token, acquired_at, expires_at, \
+                   prev_owner, prev_expires_at, label FROM locks WHERE 1 = 0)"
+                    .into(),
+            ),
             ping_write: Stmt::new(
                 "ping_write",
                 "UPDATE lock_token_floor SET token = token WHERE id = 1 RETURNING token".into(),
