@@ -305,7 +305,9 @@ async fn a_command_ignoring_sigterm_gets_sigkill_after_kill_after() {
 #[tokio::test]
 async fn sigterm_and_sigint_reach_the_command_and_the_lock_is_released() {
     let ls = Lockstep::builder().start();
-    for sig in ["TERM", "INT"] {
+    // SIGQUIT and SIGUSR1 too: their default action would end `lockstep
+    // lock` and leave COMMAND running with nobody renewing its lock.
+    for sig in ["TERM", "INT", "QUIT", "USR1"] {
         let dir = tempfile::tempdir().unwrap();
         let script = TRAPS_TERM.replace("TERM;", &format!("{sig};"));
         let run = lock(&ls.admin_url(), &["job"], &script, dir.path());

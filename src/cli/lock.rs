@@ -63,8 +63,9 @@ const REACQUIRE_PAUSE: Duration = Duration::from_millis(100);
 const AFTER_HELP: &str = "\
 COMMAND runs with LOCKSTEP_FENCING_TOKEN (the lock's fencing token) and
 LOCKSTEP_LOCK_RESOURCE in its environment, and with this command's stdin,
-stdout and stderr. SIGTERM, SIGINT and SIGHUP sent to lockstep are passed on
-to COMMAND (to COMMAND itself, not its children: use `exec` in `sh -c`).
+stdout and stderr. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
+SIGALRM sent to lockstep are passed on to COMMAND (to COMMAND itself, not
+its children: use `exec` in `sh -c`).
 
 Exit status:
   COMMAND's own status, or 128+N if signal N killed it
@@ -434,29 +435,43 @@ fn signal_status(sig: i32) -> u8 {
     u8::try_from(128 + sig).unwrap_or(u8::MAX)
 }
 
-/// The signals passed on to COMMAND.
+/// The signals passed on to COMMAND: every signal whose default action
+/// would end this process (and so orphan COMMAND, still running with no
+/// one renewing its lock), but those that cannot be caught (`SIGKILL`,
+/// `SIGSTOP`) or that report this process's own fault (`SIGSEGV` …).
+const FORWARDED: [(SignalKind, Signal); 7] = [
+    (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::interrupt(), Signal::SIGINT),
+    (SignalKind::hangup(), Signal::SIGHUP),
+    (SignalKind::quit(), Signal::SIGQUIT),
+    (SignalKind::user_defined1(), Signal::SIGUSR1),
+    (SignalKind::user_defined2(), Signal::SIGUSR2),
+    (SignalKind::alarm(), Signal::SIGALRM),
+];
+
 struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+    streams: Vec<(tokio::signal::unix::Signal, Signal)>,
 }
 
 impl Signals {
     fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
-        })
+        let streams = FORWARDED
+            .iter()
+            .map(|(kind, sig)| Ok((signal(*kind)?, *sig)))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Self { streams })
     }
 
     async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            Some(()) = self.term.recv() => Signal::SIGTERM,
-            Some(()) = self.int.recv() => Signal::SIGINT,
-            Some(()) = self.hup.recv() => Signal::SIGHUP,
-            else => std::future::pending().await,
-        }
+        std::future::poll_fn(|cx| {
+            for (stream, sig) in &mut self.streams {
+                if let std::task::Poll::Ready(Some(())) = stream.poll_recv(cx) {
+                    return std::task::Poll::Ready(*sig);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
     }
 }
 
