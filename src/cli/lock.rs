@@ -333,6 +333,13 @@ async fn keep(admin: &Admin, owner: &str, ttl: Duration, granted_at: Instant) ->
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
         if sent >= lease_end {
+            if last_error.is_empty() {
+                // No renewal was even tried: this process did not run in
+                // time (paused, or starved of CPU).
+                return "the lock's TTL ran out before a renewal could be sent \
+                        (was this process paused?)"
+                    .to_string();
+            }
             return format!("no renewal got through within its TTL (last error: {last_error})");
         }
         match admin.renew(owner, ttl, lease_end - sent).await {
