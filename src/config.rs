@@ -483,11 +483,25 @@ impl Config {
         if l.sweep_interval_ms == 0 {
             return invalid("locks.sweep_interval_ms must be > 0".into());
         }
-        if !l.proxy_prefix.is_empty()
-            && (!l.proxy_prefix.starts_with('/') || l.proxy_prefix.ends_with('/'))
+        // Compared with the raw request path byte for byte, so it must be
+        // a path a request can have as it is: segments of RFC 3986 `pchar`s
+        // with no percent-encoding, none empty or a dot segment.
+        let canonical_prefix = l.proxy_prefix.strip_prefix('/').is_some_and(|rest| {
+            rest.split('/').all(|seg| {
+                !seg.is_empty()
+                    && seg != "."
+                    && seg != ".."
+                    && seg.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b)
+                    })
+            })
+        });
+        if !l.proxy_prefix.is_empty() && !canonical_prefix
         {
             return invalid(format!(
-                "locks.proxy_prefix {:?} must start with '/' and not end with '/' (e.g. \"/_lockstep\")",
+                "locks.proxy_prefix {:?} must be a path as requests spell it: start with '/', not end \
+                 with '/', no empty, '.' or '..' segment, and only letters, digits and -._~!$&'()*+,;=:@ \
+                 (no spaces, '?', '#' or '%'; e.g. \"/_lockstep\")",
                 l.proxy_prefix
             ));
         }
@@ -1066,6 +1080,11 @@ mod tests {
                 "versioning.write_lease_ms (400000000000) is more than ten years",
             ),
             ("[locks]\nproxy_prefix = \"x\"\n", "proxy_prefix"),
+            ("[locks]\nproxy_prefix = \"/a b\"\n", "as requests spell it"),
+            ("[locks]\nproxy_prefix = \"/_ls?x\"\n", "as requests spell it"),
+            ("[locks]\nproxy_prefix = \"//x\"\n", "as requests spell it"),
+            ("[locks]\nproxy_prefix = \"/_ls/../x\"\n", "as requests spell it"),
+            ("[locks]\nproxy_prefix = \"/%5Fls\"\n", "as requests spell it"),
             (
                 "[locks]\nproxy_prefix = \"/_lockstep\"\n",
                 "locks.proxy_prefix \"/_lockstep\" needs locks.api_tokens_file",
