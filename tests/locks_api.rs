@@ -924,6 +924,11 @@ async fn bad_wait_ms_and_methods_are_rejected(db: DbKind) {
         "wait_ms=",
         "wait_ms",
         "wait_ms=+5",
+        // A misspelt or repeated parameter: not an acquire that does not wait.
+        "wait=5000",
+        "WAIT_MS=5",
+        "wait_ms=1&wait_ms=2",
+        "wait_ms=5&x=1",
     ] {
         let url = lock_url(&ls, &format!("job:w?{q}"));
         let r = acquire(&c, &url, "worker-a", 1000).await;

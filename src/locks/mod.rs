@@ -397,24 +397,34 @@ impl Locks {
         }
     }
 
+    /// `?wait_ms=N`, the one query parameter of an acquire. Anything else
+    /// is refused, as unknown body members are: a misspelt `?wait=5000`
+    /// would otherwise be an acquire that does not wait.
     fn wait_of(&self, query: Option<&str>) -> Result<Duration> {
-        let mut wait = 0;
-        for pair in query.unwrap_or("").split('&') {
-            let v = match pair.strip_prefix("wait_ms") {
-                Some(rest) if rest.is_empty() || rest.starts_with('=') => {
-                    rest.strip_prefix('=').unwrap_or(rest)
-                }
-                _ => continue,
-            };
+        let mut wait = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if name != "wait_ms" {
+                return Err(Error::InvalidRequest(format!(
+                    "unknown query parameter {name:?}; an acquire takes only wait_ms"
+                )));
+            }
+            if wait.is_some() {
+                return Err(Error::InvalidRequest(
+                    "wait_ms is given twice; give it once".into(),
+                ));
+            }
             // Digits only: `+5` is no more a wait than `5s`.
             let digits = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
-            wait = v.parse::<u64>().ok().filter(|_| digits).ok_or_else(|| {
+            wait = Some(v.parse::<u64>().ok().filter(|_| digits).ok_or_else(|| {
                 Error::InvalidRequest(format!(
                     "wait_ms must be a non-negative integer of milliseconds, not {v:?}"
                 ))
-            })?;
+            })?);
         }
-        Ok(Duration::from_millis(wait.min(self.settings.max_wait_ms)))
+        Ok(Duration::from_millis(
+            wait.unwrap_or(0).min(self.settings.max_wait_ms),
+        ))
     }
 
     fn ttl_of(&self, body: &LockBody) -> Result<Duration> {
