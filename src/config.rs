@@ -491,13 +491,12 @@ impl Config {
                 !seg.is_empty()
                     && seg != "."
                     && seg != ".."
-                    && seg.bytes().all(|b| {
-                        b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b)
-                    })
+                    && seg
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b))
             })
         });
-        if !l.proxy_prefix.is_empty() && !canonical_prefix
-        {
+        if !l.proxy_prefix.is_empty() && !canonical_prefix {
             return invalid(format!(
                 "locks.proxy_prefix {:?} must be a path as requests spell it: start with '/', not end \
                  with '/', no empty, '.' or '..' segment, and only letters, digits and -._~!$&'()*+,;=:@ \
