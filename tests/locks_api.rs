@@ -1120,6 +1120,34 @@ async fn release_after_most_of_the_ttl_warns(db: DbKind) {
         field(&line, "held_ms").as_i64().unwrap_or(0) >= 650,
         "{line}"
     );
+
+    // Renewed in time, a lock held for longer than its TTL is healthy: what
+    // counts is how much of the last grant was used (the renew's 1000 ms,
+    // here about 150 ms of it), not the whole hold against the span.
+    let renewed = lock_url(&ls, "job:renewed");
+    assert_eq!(acquire(&c, &renewed, "worker-a", 1000).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(renew(&c, &renewed, "worker-a", 1000).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(renew(&c, &renewed, "worker-a", 1000).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(release(&c, &renewed, "worker-a").await.status, 204);
+    let line = wait_event(&ls, "release", "job:renewed").await;
+    assert_eq!(line["level"], "INFO", "{line}");
+    assert!(
+        field(&line, "held_ms").as_i64().unwrap_or(0) >= 950,
+        "{line}"
+    );
+
+    // And one that let its last grant run nearly out warns, renewed or not.
+    let late = lock_url(&ls, "job:late");
+    assert_eq!(acquire(&c, &late, "worker-a", 1000).await.status, 200);
+    assert_eq!(renew(&c, &late, "worker-a", 1000).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    assert_eq!(release(&c, &late, "worker-a").await.status, 204);
+    let line = wait_event(&ls, "release", "job:late").await;
+    assert_eq!(line["level"], "WARN", "{line}");
+    assert_eq!(field(&line, "ttl_ms"), 1000, "{line}");
 }
 
 // ---------------------------------------------------------------------------

@@ -267,8 +267,17 @@ impl Locks {
             LockChange::Done(lock) => {
                 let held_ms = lock.now_ms - lock.acquired_at_ms;
                 self.metrics.released(held_ms);
-                let ttl_ms = (lock.expires_at_ms - lock.acquired_at_ms).max(1);
-                let fraction = held_ms as f64 / ttl_ms as f64;
+                // How much of the TTL last granted (by acquire, refresh or
+                // renew) was used: a job that renews in time holds the
+                // lock for many TTLs and is healthy; one that lets its
+                // last grant run nearly out is at risk of losing the lock
+                // mid-work. (A row granted before the TTL was kept: the
+                // whole hold against the span it was granted for.)
+                let (used_ms, ttl_ms) = match lock.ttl_ms.filter(|t| *t > 0) {
+                    Some(ttl) => (lock.now_ms - (lock.expires_at_ms - ttl), ttl),
+                    None => (held_ms, (lock.expires_at_ms - lock.acquired_at_ms).max(1)),
+                };
+                let fraction = used_ms as f64 / ttl_ms as f64;
                 if fraction > self.settings.warn_held_fraction {
                     tracing::warn!(
                         target: "lockstep::locks",

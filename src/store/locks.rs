@@ -34,7 +34,8 @@ fn record(row: &Values) -> Result<LockRecord> {
         acquired_at_ms: row.get(3)?,
         expires_at_ms: row.get(4)?,
         label: row.get(5)?,
-        now_ms: row.get(6)?,
+        ttl_ms: row.get(6)?,
+        now_ms: row.get(7)?,
     })
 }
 
@@ -73,8 +74,8 @@ where
                 .await?;
             if let Some(row) = row {
                 let lock = record(&row)?;
-                let prev_owner: Option<String> = row.get(7)?;
-                let prev_expires: Option<i64> = row.get(8)?;
+                let prev_owner: Option<String> = row.get(8)?;
+                let prev_expires: Option<i64> = row.get(9)?;
                 let kind = match (prev_owner, prev_expires) {
                     (Some(p), Some(exp)) if p == owner && exp > lock.now_ms => GrantKind::Refreshed,
                     (Some(p), Some(exp)) => GrantKind::Reclaimed {

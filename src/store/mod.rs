@@ -197,6 +197,9 @@ pub struct LockRecord {
     pub expires_at_ms: i64,
     /// The public label the holder gave at acquire, if any.
     pub label: Option<String>,
+    /// The TTL of the last grant (acquire, refresh or renew); `None` for a
+    /// row last granted before lockstep kept it.
+    pub ttl_ms: Option<i64>,
     /// The database's clock when the record was read.
     pub now_ms: i64,
 }

@@ -94,7 +94,7 @@ impl<DB: Database> SqlStore<DB> {
                  AND NOT EXISTS (SELECT key, version, updated_at, lease_id, lease_until, \
                    lease_inserted, body_hash, hash_version FROM versions WHERE 1 = 0) \
                  AND NOT EXISTS (SELECT resource, owner, fencing_token, acquired_at, expires_at, \
-                   prev_owner, prev_expires_at, label FROM locks WHERE 1 = 0)"
+                   prev_owner, prev_expires_at, label, ttl_ms FROM locks WHERE 1 = 0)"
                     .into(),
             ),
             ping_write: Stmt::new(

@@ -18,7 +18,7 @@ pub struct LockSql {
 }
 
 /// Columns every lock query returns, in this order.
-const COLUMNS: &str = "resource, owner, fencing_token, acquired_at, expires_at, label";
+const COLUMNS: &str = "resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms";
 
 impl LockSql {
     pub fn new(dialect: &Dialect) -> Self {
@@ -30,13 +30,14 @@ impl LockSql {
             acquire: Stmt::new(
                 "lock_acquire",
                 format!(
-                    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at, label) \
-                     VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3, NULLIF($4, '')) \
+                    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms) \
+                     VALUES ($1, $2, (SELECT token FROM lock_token_floor WHERE id = 1{for_share}) + 1, {now}, {now} + $3, NULLIF($4, ''), $3) \
                      ON CONFLICT (resource) DO UPDATE SET \
                        owner = excluded.owner, \
                        fencing_token = CASE WHEN {own_live} THEN locks.fencing_token ELSE locks.fencing_token + 1 END, \
                        acquired_at = CASE WHEN {own_live} THEN locks.acquired_at ELSE excluded.acquired_at END, \
                        expires_at = excluded.expires_at, \
+                       ttl_ms = excluded.ttl_ms, \
                        label = CASE WHEN {own_live} THEN COALESCE(excluded.label, locks.label) ELSE excluded.label END, \
                        prev_owner = locks.owner, \
                        prev_expires_at = locks.expires_at \
@@ -65,13 +66,13 @@ impl LockSql {
                     "UPDATE locks SET owner = NULL, prev_owner = owner, \
                        prev_expires_at = expires_at, expires_at = {now} \
                      WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
-                     RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, label, {now}"
+                     RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, label, ttl_ms, {now}"
                 ),
             ),
             renew: Stmt::new(
                 "lock_renew",
                 format!(
-                    "UPDATE locks SET expires_at = {now} + $3 \
+                    "UPDATE locks SET expires_at = {now} + $3, ttl_ms = $3 \
                      WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
                      RETURNING {COLUMNS}, {now}"
                 ),
