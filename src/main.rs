@@ -97,9 +97,16 @@ fn main() -> ExitCode {
             let explicit = explicit(&config);
             match load(config.clone(), explicit, &FlagOverrides::default()) {
                 Ok(v) => {
+                    // The default file may be absent: then the defaults were
+                    // checked, not a file, and saying "FILE: ok" would
+                    // suggest one was read.
+                    let source = if config.exists() {
+                        config.display().to_string()
+                    } else {
+                        format!("no {}, built-in defaults", config.display())
+                    };
                     println!(
-                        "{}: ok (proxy {}, admin {}, upstream {}, {} resource pattern(s))",
-                        config.display(),
+                        "{source}: ok (proxy {}, admin {}, upstream {}, {} resource pattern(s))",
                         v.listen,
                         v.admin_listen,
                         v.upstream,
