@@ -59,6 +59,25 @@ fn check_config_accepts_an_empty_file_as_the_defaults() {
     assert!(output.status.success(), "{}", stderr(&output));
 }
 
+/// With no file at the default path, the built-in defaults are what was
+/// checked, and the answer says so rather than naming a file never read.
+#[test]
+fn check_config_without_the_default_file_says_it_checked_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(common::lockstep_bin())
+        .arg("check-config")
+        .current_dir(dir.path())
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        said.starts_with("no config/lockstep.toml, built-in defaults: ok"),
+        "{said}"
+    );
+}
+
 #[test]
 fn check_config_refuses_unknown_keys_by_name() {
     assert_refused("[server]\nbogus_key = 1\n", &["bogus_key"]);
