@@ -1063,6 +1063,40 @@ async fn post_reusing_a_deleted_id_gets_one_past_the_deletes_version() {
     );
 }
 
+/// `Location` is a URI reference: a relative one is resolved against the
+/// collection (RFC 9110 §10.2.2), and an absolute one's host is not part
+/// of the key. Left unread, a reused id keeps the version its DELETE left.
+#[tokio::test]
+async fn a_relative_or_absolute_location_names_the_created_item() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    for (id, location) in [
+        ("rel", "articles/rel".to_string()),
+        ("abs", format!("{}/articles/abs", backend.url().trim_end_matches('/'))),
+        ("net", "//backend.internal/articles/net".to_string()),
+    ] {
+        let item = lockstep.proxy_url_for(&format!("/articles/{id}"));
+        let put = client.put(&item, json!({"t": 1})).send().await;
+        assert_eq!(put.etag_version(), Some(2), "{put:?}");
+        let deleted = client.delete(&item).if_match(2).send().await;
+        assert_eq!(deleted.status, 204, "{deleted:?}");
+        // The body names another id: only the Location says which item.
+        let created = client
+            .post(lockstep.proxy_url_for("/articles"), json!({"t": 2}))
+            .header("x-backend-no-location", "1")
+            .header("x-backend-add-header", format!("Location: {location}"))
+            .send()
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        assert_eq!(
+            created.header("location").as_deref(),
+            Some(location.as_str())
+        );
+        assert_eq!(created.etag_version(), Some(4), "{location}: {created:?}");
+    }
+}
+
 /// A backend whose POST replaces an item answers 201 for the same id
 /// again: each state gets its own version, so a client holding the first
 /// cannot overwrite the second.

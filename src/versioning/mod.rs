@@ -888,8 +888,8 @@ impl Versioning {
             .headers
             .get(header::LOCATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|loc| loc.parse::<http::Uri>().ok())
-            .and_then(|uri| self.item_key(uri.path()));
+            .and_then(|loc| location_path(loc, collection))
+            .and_then(|path| self.item_key(&path));
         let buffered = match self.buffer_response(incoming).await {
             Ok(b) => b,
             Err(e) => return (location_key, Err(e.into())),
@@ -1137,6 +1137,50 @@ fn applied_or_unknown(status: StatusCode) -> bool {
     status.is_success() || status.is_redirection() || status.is_server_error()
 }
 
+/// The path a `Location` names, resolved against the collection it was
+/// POSTed to as RFC 9110 §10.2.2 says (a URI reference, relative ones
+/// against the request's URI, RFC 3986 §5.2): `/articles/7`,
+/// `http://host/articles/7`, `//host/articles/7` and, from `/articles`,
+/// `articles/7` all name `/articles/7`. Query and fragment are not part
+/// of it. Dot segments are left to the key's normalisation.
+fn location_path(location: &str, collection: &str) -> Option<String> {
+    let reference = location.trim();
+    let reference = reference.split(['?', '#']).next().unwrap_or_default();
+    let scheme_end = reference.find(':').filter(|&i| {
+        let scheme = &reference[..i];
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    let after_authority = |rest: &str| match rest.find('/') {
+        Some(i) => rest[i..].to_string(),
+        None => "/".to_string(),
+    };
+    if let Some(i) = scheme_end {
+        let rest = &reference[i + 1..];
+        return Some(match rest.strip_prefix("//") {
+            Some(authority_and_path) => after_authority(authority_and_path),
+            None => rest.to_string(),
+        });
+    }
+    if let Some(authority_and_path) = reference.strip_prefix("//") {
+        return Some(after_authority(authority_and_path));
+    }
+    if reference.starts_with('/') {
+        return Some(reference.to_string());
+    }
+    if reference.is_empty() {
+        return None;
+    }
+    // A relative path: merged with the base's path up to its last `/`.
+    let base = &collection[..collection.rfind('/').map_or(0, |i| i + 1)];
+    Some(format!(
+        "{}{reference}",
+        if base.is_empty() { "/" } else { base }
+    ))
+}
+
 fn with_query(path: &str, uri: &http::Uri) -> PathAndQuery {
     let text = match uri.query() {
         Some(q) => format!("{path}?{q}"),
@@ -1223,4 +1267,35 @@ fn encode_segment(s: &str) -> String {
     crate::resources::encode_path(&[s.to_string()])
         .trim_start_matches('/')
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::location_path;
+
+    #[test]
+    fn a_location_is_resolved_against_the_collection() {
+        for (location, want) in [
+            ("/articles/7", Some("/articles/7")),
+            ("/articles/7?x=1#f", Some("/articles/7")),
+            ("http://backend:3000/articles/7", Some("/articles/7")),
+            ("https://h", Some("/")),
+            ("//h/articles/7", Some("/articles/7")),
+            ("articles/7", Some("/articles/7")),
+            ("./articles/7", Some("/./articles/7")),
+            ("7", Some("/7")),
+            (" /articles/7 ", Some("/articles/7")),
+            ("", None),
+        ] {
+            assert_eq!(
+                location_path(location, "/articles").as_deref(),
+                want,
+                "{location:?}"
+            );
+        }
+        assert_eq!(
+            location_path("7", "/api/articles/").as_deref(),
+            Some("/api/articles/7")
+        );
+    }
 }
