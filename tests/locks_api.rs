@@ -584,6 +584,35 @@ async fn ttl_outside_bounds_or_not_an_integer_is_400(db: DbKind) {
         check_problem(&get(&c, &url).await, 404, "not-found");
     }
 
+    // A whole number written as a float is refused, and the detail says why.
+    let r = c
+        .request(Method::POST, lock_url(&ls, "ttl-exp"))
+        .header("content-type", "application/json")
+        .body(r#"{"owner": "worker-a", "ttl_ms": 1e3}"#)
+        .send()
+        .await;
+    let problem = check_problem(&r, 400, "invalid-body");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("exponent"), "{detail}");
+    // So is a body sent compressed (or labelled so): it is read as it is.
+    let r = c
+        .post(
+            lock_url(&ls, "ttl-gz"),
+            json!({"owner": "worker-a", "ttl_ms": 1000}),
+        )
+        .header("content-encoding", "gzip")
+        .send()
+        .await;
+    let problem = check_problem(&r, 400, "invalid-body");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Content-Encoding"),
+        "{problem}"
+    );
+    check_problem(&get(&c, &lock_url(&ls, "ttl-gz")).await, 404, "not-found");
+
     // The bounds themselves are allowed.
     for ttl in [100, 10_000] {
         let url = lock_url(&ls, &format!("edge-{ttl}"));

@@ -1073,7 +1073,10 @@ async fn a_relative_or_absolute_location_names_the_created_item() {
     let client = Client::new();
     for (id, location) in [
         ("rel", "articles/rel".to_string()),
-        ("abs", format!("{}/articles/abs", backend.url().trim_end_matches('/'))),
+        (
+            "abs",
+            format!("{}/articles/abs", backend.url().trim_end_matches('/')),
+        ),
         ("net", "//backend.internal/articles/net".to_string()),
     ] {
         let item = lockstep.proxy_url_for(&format!("/articles/{id}"));

@@ -445,8 +445,16 @@ impl Locks {
                 )
             })?,
             Some(v) => v.as_u64().ok_or_else(|| {
+                let written = match v {
+                    // 1e3 and 1000.0 parse as the float 1000.0: say why
+                    // a whole number is still refused.
+                    serde_json::Value::Number(n) if n.is_f64() => {
+                        format!("{n}, a number written with a fraction or an exponent")
+                    }
+                    other => other.to_string(),
+                };
                 Error::InvalidBody(format!(
-                    "ttl_ms must be a positive integer of milliseconds, not {v}"
+                    "ttl_ms must be a positive integer of milliseconds, written as digits only, not {written}"
                 ))
             })?,
         };
@@ -589,6 +597,19 @@ fn check_name(what: &str, name: &str) -> Result<()> {
 }
 
 async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
+    // The body is read as it is: one sent compressed would be taken for
+    // JSON that does not parse, or worse, a plain one labelled compressed
+    // for what it is not.
+    if let Some(coding) = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return Err(Error::InvalidBody(format!(
+            "a lock request body is plain JSON; Content-Encoding {:?} is not accepted",
+            String::from_utf8_lossy(coding.as_bytes())
+        )));
+    }
     let bytes = body::read_request(
         body::boxed(req.into_body()),
         MAX_LOCK_BODY,
