@@ -563,3 +563,43 @@ async fn a_method_named_in_a_post_body_is_checked_like_that_write() {
         .await;
     assert_problem(&resp, 400, "invalid-request");
 }
+
+/// Symfony before 2.7 (behind IIS) and Zend route by `X-Original-URL` or
+/// `X-Rewrite-URL` in place of the request's path: one naming an item
+/// would carry a write to it past the check. Refused; one naming an
+/// unversioned path changes nothing.
+#[tokio::test]
+async fn a_rewrite_header_naming_an_item_is_refused() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    backend.clear_log().await;
+    for (name, value) in [
+        ("X-Original-URL", "/articles/42"),
+        ("X-Rewrite-URL", "/articles/42?x=1"),
+        ("X-Original-URL", "http://backend/ARTICLES/42"),
+        ("x-original-url", "articles/42"),
+        ("X-Rewrite-URL", "/articles"),
+    ] {
+        let resp = client
+            .put(lockstep.proxy_url_for("/echo/x"), json!({"title": "stale"}))
+            .header(name, value)
+            .send()
+            .await;
+        let doc = assert_problem(&resp, 400, "invalid-request");
+        assert!(
+            doc["detail"]
+                .as_str()
+                .unwrap()
+                .contains(&name.to_ascii_lowercase()),
+            "{name}: {doc}"
+        );
+    }
+    assert!(backend.log().await.is_empty(), "a request got through");
+    let resp = client
+        .put(lockstep.proxy_url_for("/echo/x"), json!({"title": "ok"}))
+        .header("X-Original-URL", "/echo/y")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+}

@@ -104,6 +104,9 @@ impl ProxyRouter {
                 return refused(&req, kind, &Error::InvalidPath(e), started);
             }
         };
+        if let Some(e) = self.rewrite_header_problem(&req) {
+            return refused(&req, RequestKind::Passthrough, &e, started);
+        }
         // RFC 9110 §7.8: `Upgrade` means nothing in HTTP/1.0 (and HTTP/2
         // has no such header).
         let websocket = req.version() == Version::HTTP_11 && headers::asks_websocket(req.headers());
@@ -146,6 +149,44 @@ impl ProxyRouter {
         }
     }
 
+    /// A header that names the path a backend is to route by, in place of
+    /// the request's own: Symfony (before 2.7, behind IIS) and Zend read
+    /// `X-Original-URL` and `X-Rewrite-URL` so. One naming a versioned
+    /// route (or a path the route check refuses) would reach that item
+    /// past every check, whatever path lockstep saw: refused, 400.
+    fn rewrite_header_problem(&self, req: &Request<Incoming>) -> Option<Error> {
+        if self.resources.is_empty() {
+            return None;
+        }
+        for name in REWRITE_HEADERS {
+            for value in req.headers().get_all(name) {
+                let text = String::from_utf8_lossy(value.as_bytes());
+                let target = text.trim();
+                let path = match target.parse::<http::Uri>() {
+                    Ok(uri) if uri.scheme().is_some() => uri.path().to_string(),
+                    _ => target
+                        .split(['?', '#'])
+                        .next()
+                        .unwrap_or_default()
+                        .to_string(),
+                };
+                let path = if path.starts_with(['/', '\\']) {
+                    path
+                } else {
+                    format!("/{path}")
+                };
+                if !matches!(self.resources.classify(&path), Ok(Route::Unversioned)) {
+                    return Some(Error::InvalidRequest(format!(
+                        "the {name} header names {target:?}, a versioned route: some backends route \
+                         by it in place of the request's path, past the version check; send the \
+                         request to that path itself"
+                    )));
+                }
+            }
+        }
+        None
+    }
+
     async fn upgrade(
         &self,
         req: Request<Incoming>,
@@ -184,6 +225,9 @@ impl ProxyRouter {
         resp
     }
 }
+
+/// Headers some backends route by in place of the request's path.
+const REWRITE_HEADERS: [&str; 2] = ["x-original-url", "x-rewrite-url"];
 
 /// Why a request's `Host` cannot be forwarded (RFC 9112 §3.2: a server
 /// answers 400 to an HTTP/1.1 request without `Host`, and to any with two
