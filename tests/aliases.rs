@@ -580,6 +580,9 @@ async fn a_rewrite_header_naming_an_item_is_refused() {
         ("X-Original-URL", "http://backend/ARTICLES/42"),
         ("x-original-url", "articles/42"),
         ("X-Rewrite-URL", "/articles"),
+        // CGI, FastCGI and PHP's server read these names alike.
+        ("X_Original_URL", "/articles/42"),
+        ("X.Rewrite.URL", "/articles/42"),
     ] {
         let resp = client
             .put(lockstep.proxy_url_for("/echo/x"), json!({"title": "stale"}))
@@ -602,4 +605,15 @@ async fn a_rewrite_header_naming_an_item_is_refused() {
         .send()
         .await;
     assert_eq!(resp.status, 200, "{resp:?}");
+    // An IIS in front sets it to the request's own URL: that is no alias.
+    let resp = client
+        .put(
+            lockstep.proxy_url_for("/articles/42"),
+            json!({"title": "own"}),
+        )
+        .header("X-Original-URL", "/articles/42")
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.etag_version(), Some(2), "{resp:?}");
 }

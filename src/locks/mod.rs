@@ -600,11 +600,10 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
     // The body is read as it is: one sent compressed would be taken for
     // JSON that does not parse, or worse, a plain one labelled compressed
     // for what it is not.
-    if let Some(coding) = req
-        .headers()
-        .get(header::CONTENT_ENCODING)
-        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-    {
+    if let Some(coding) = req.headers().get(header::CONTENT_ENCODING).filter(|v| {
+        let coding = v.as_bytes().trim_ascii();
+        !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
+    }) {
         return Err(Error::InvalidBody(format!(
             "a lock request body is plain JSON; Content-Encoding {:?} is not accepted",
             String::from_utf8_lossy(coding.as_bytes())

@@ -151,38 +151,48 @@ impl ProxyRouter {
 
     /// A header that names the path a backend is to route by, in place of
     /// the request's own: Symfony (before 2.7, behind IIS) and Zend read
-    /// `X-Original-URL` and `X-Rewrite-URL` so. One naming a versioned
-    /// route (or a path the route check refuses) would reach that item
-    /// past every check, whatever path lockstep saw: refused, 400.
+    /// `X-Original-URL` and `X-Rewrite-URL` so (and CGI, FastCGI and PHP's
+    /// own server put `X_Original_URL` or `X.Original.URL` under the same
+    /// name). One naming a versioned route other than the request's own
+    /// (an IIS in front sets it to the request's URL) would reach that
+    /// item past every check: refused, 400.
     fn rewrite_header_problem(&self, req: &Request<Incoming>) -> Option<Error> {
         if self.resources.is_empty() {
             return None;
         }
-        for name in REWRITE_HEADERS {
-            for value in req.headers().get_all(name) {
-                let text = String::from_utf8_lossy(value.as_bytes());
-                let target = text.trim();
-                let path = match target.parse::<http::Uri>() {
-                    Ok(uri) if uri.scheme().is_some() => uri.path().to_string(),
-                    _ => target
-                        .split(['?', '#'])
-                        .next()
-                        .unwrap_or_default()
-                        .to_string(),
-                };
-                let path = if path.starts_with(['/', '\\']) {
-                    path
-                } else {
-                    format!("/{path}")
-                };
-                if !matches!(self.resources.classify(&path), Ok(Route::Unversioned)) {
-                    return Some(Error::InvalidRequest(format!(
-                        "the {name} header names {target:?}, a versioned route: some backends route \
-                         by it in place of the request's path, past the version check; send the \
-                         request to that path itself"
-                    )));
-                }
+        for (name, value) in req.headers() {
+            if !REWRITE_HEADERS
+                .iter()
+                .any(|r| same_header_name(r, name.as_str()))
+            {
+                continue;
             }
+            let text = String::from_utf8_lossy(value.as_bytes());
+            let target = text.trim();
+            let path = match target.parse::<http::Uri>() {
+                Ok(uri) if uri.scheme().is_some() => uri.path().to_string(),
+                _ => target
+                    .split(['?', '#'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            };
+            let path = if path.starts_with(['/', '\\']) {
+                path
+            } else {
+                format!("/{path}")
+            };
+            let named = self.resources.classify(&path);
+            if matches!(named, Ok(Route::Unversioned))
+                || named.as_ref().ok() == self.resources.classify(req.uri().path()).as_ref().ok()
+            {
+                continue;
+            }
+            return Some(Error::InvalidRequest(format!(
+                "the {name} header names {target:?}, a versioned route other than the request's \
+                 own: some backends route by it in place of the request's path, past the version \
+                 check; send the request to that path itself"
+            )));
         }
         None
     }
@@ -228,6 +238,16 @@ impl ProxyRouter {
 
 /// Headers some backends route by in place of the request's path.
 const REWRITE_HEADERS: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+
+/// Whether a header `name` is `canonical` as CGI-style servers read names:
+/// any character that is not a letter or digit stands for `-`.
+fn same_header_name(canonical: &str, name: &str) -> bool {
+    canonical.len() == name.len()
+        && canonical
+            .bytes()
+            .zip(name.bytes())
+            .all(|(c, n)| c == n.to_ascii_lowercase() || (c == b'-' && !n.is_ascii_alphanumeric()))
+}
 
 /// Why a request's `Host` cannot be forwarded (RFC 9112 §3.2: a server
 /// answers 400 to an HTTP/1.1 request without `Host`, and to any with two

@@ -206,6 +206,18 @@ fn parse_call(method: &Method, raw: &str) -> Result<Call> {
 /// The `prefix` of a prefix-bump body: `{"prefix": "articles/"}`, nothing
 /// else. An empty prefix names every key.
 async fn read_prefix(req: Request<Incoming>) -> Result<String> {
+    // Read as plain JSON, as the lock API's bodies are.
+    if let Some(coding) = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.as_bytes().trim_ascii())
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+    {
+        return Err(Error::InvalidBody(format!(
+            "the body is plain JSON; Content-Encoding {:?} is not accepted",
+            String::from_utf8_lossy(coding)
+        )));
+    }
     let bytes = body::read_request(
         body::boxed(req.into_body()),
         MAX_BUMP_BODY,

@@ -62,10 +62,48 @@ pub fn effective(
 /// framework reads: a form (Rails' Rack, Symfony and Laravel, Express's
 /// `method-override` read `_method` from `application/x-www-form-urlencoded`
 /// and `multipart/form-data` bodies), or JSON (Laravel reads its input
-/// from a JSON body alike). Such a body is read before the request goes
-/// on, to look.
+/// from a JSON body alike). Judged by `Content-Type` as the most lenient
+/// of them read it: none or an empty one (Rack reads a form then), more
+/// than one, or one that mentions `form`, `multipart/` or `json` anywhere
+/// (PHP cuts the type at `;`, `,` or a space; Laravel's `isJson` is a
+/// substring test). Such a body is read before the request goes on, to
+/// look.
 pub fn body_may_override(headers: &HeaderMap) -> bool {
-    form_kind(headers).is_some() || crate::versioning::stamp::is_json(headers)
+    let kinds = BodyKinds::of(headers);
+    kinds.form || kinds.multipart || kinds.json
+}
+
+/// Which readers a body's `Content-Type` calls for (several at once when
+/// it is ambiguous: reading more only checks more).
+#[derive(Debug, Clone, Copy, Default)]
+struct BodyKinds {
+    form: bool,
+    multipart: bool,
+    json: bool,
+    /// No `Content-Type`: a body that starts as JSON is read as JSON too.
+    untyped: bool,
+}
+
+impl BodyKinds {
+    fn of(headers: &HeaderMap) -> Self {
+        let mut values = headers.get_all(http::header::CONTENT_TYPE).iter();
+        let Some(first) = values.next() else {
+            return Self {
+                form: true,
+                untyped: true,
+                ..Self::default()
+            };
+        };
+        let several = values.next().is_some();
+        let ct = String::from_utf8_lossy(first.as_bytes()).to_ascii_lowercase();
+        let vague = several || ct.trim().is_empty() || ct.contains(',');
+        Self {
+            form: vague || ct.contains("form"),
+            multipart: vague || ct.contains("multipart/"),
+            json: vague || ct.contains("json"),
+            untyped: ct.trim().is_empty(),
+        }
+    }
 }
 
 /// [`effective`], with the `_method` a `POST`'s body carries (see
@@ -76,8 +114,20 @@ pub fn effective_with_body(
     query: Option<&str>,
     body: &[u8],
 ) -> Result<Method, Error> {
+    if let Some(coding) = headers
+        .get(http::header::CONTENT_ENCODING)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string())
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+    {
+        // Express's body parser inflates gzip and deflate: the `_method`
+        // would be inside, where lockstep does not look.
+        return Err(Error::InvalidRequest(format!(
+            "a POST to a versioned route is read for a {OVERRIDE_PARAM} field, which a compressed \
+             body (Content-Encoding {coding:?}) would hide; send it uncompressed"
+        )));
+    }
     let mut found = overrides(headers, query)?;
-    found.extend(body_overrides(headers, body));
+    found.extend(body_overrides(headers, body)?);
     decide(method, &found)
 }
 
@@ -174,53 +224,48 @@ fn php_name(name: &str) -> Cow<'_, str> {
     )
 }
 
-/// The two form encodings, told apart by `Content-Type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FormKind {
-    UrlEncoded,
-    Multipart,
-}
-
-fn form_kind(headers: &HeaderMap) -> Option<FormKind> {
-    let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
-    let essence = ct.split(';').next().unwrap_or_default().trim();
-    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
-        Some(FormKind::UrlEncoded)
-    } else if essence.eq_ignore_ascii_case("multipart/form-data") {
-        Some(FormKind::Multipart)
-    } else {
-        None
-    }
-}
-
 /// Every `_method` a body carries, as `(where, value)`: form fields named
-/// so (as PHP reads names, see [`php_name`]), or a top-level JSON member.
-fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Vec<(String, String)> {
+/// so (as PHP reads names, see [`php_name`]), or a top-level JSON member,
+/// by every reader its `Content-Type` may call for. A body a lenient
+/// reader could still find one in, but lockstep cannot read, is refused.
+fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Result<Vec<(String, String)>, Error> {
     let source = || format!("body {OVERRIDE_PARAM}");
-    match form_kind(headers) {
-        Some(FormKind::UrlEncoded) => String::from_utf8_lossy(body)
-            .split(['&', ';'])
-            .filter_map(|pair| {
-                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                php_name(&form_decode(key))
-                    .eq_ignore_ascii_case(OVERRIDE_PARAM)
-                    .then(|| (source(), form_decode(value).into_owned()))
-            })
-            .collect(),
-        Some(FormKind::Multipart) => multipart_fields(headers, body)
-            .into_iter()
-            .filter(|(name, _)| php_name(name).eq_ignore_ascii_case(OVERRIDE_PARAM))
-            .map(|(_, value)| (source(), value))
-            .collect(),
-        None => {
-            // A JSON object's top-level `_method`, in any case; a body
-            // that is not one carries none.
-            let unmarked = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
-            let Ok(object) =
-                serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(unmarked)
-            else {
-                return Vec::new();
-            };
+    let kinds = BodyKinds::of(headers);
+    let mut found = Vec::new();
+    if kinds.form {
+        found.extend(
+            String::from_utf8_lossy(body)
+                .split(['&', ';'])
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                    php_name(&form_decode(key))
+                        .eq_ignore_ascii_case(OVERRIDE_PARAM)
+                        .then(|| (source(), form_decode(value).into_owned()))
+                }),
+        );
+    }
+    if kinds.multipart {
+        found.extend(
+            multipart_fields(headers, body)?
+                .into_iter()
+                .filter(|(name, _)| php_name(name).eq_ignore_ascii_case(OVERRIDE_PARAM))
+                .map(|(_, value)| (source(), value)),
+        );
+    }
+    let unmarked = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let starts_object = unmarked.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    if (kinds.json || kinds.untyped) && starts_object {
+        // A top-level `_method`, in any case. An object serde_json cannot
+        // read (a number out of range, deep nesting, a lone surrogate)
+        // PHP or Node may still read, `_method` and all: refused.
+        let object = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(unmarked)
+            .map_err(|e| {
+                Error::InvalidBody(format!(
+                    "a POST to a versioned route is read for a {OVERRIDE_PARAM} member, and this \
+                     JSON body does not parse ({e}); a lenient backend might still read one"
+                ))
+            })?;
+        found.extend(
             object
                 .iter()
                 .filter(|(k, _)| k.eq_ignore_ascii_case(OVERRIDE_PARAM))
@@ -229,31 +274,50 @@ fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Vec<(String, String)> {
                         source(),
                         v.as_str().map_or_else(|| v.to_string(), str::to_string),
                     )
-                })
-                .collect()
-        }
+                }),
+        );
     }
+    Ok(found)
 }
 
 /// The `(name, value)` of each field of a `multipart/form-data` body (RFC
 /// 7578), as far as a form parser would find them: parts between
 /// `--boundary` lines, the name from `Content-Disposition`, the value the
 /// part's body (a file's too). A body without a usable boundary has none.
-fn multipart_fields(headers: &HeaderMap, body: &[u8]) -> Vec<(String, String)> {
-    let Some(boundary) = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|ct| {
-            ct.split(';').skip(1).find_map(|p| {
-                let (k, v) = p.split_once('=')?;
-                k.trim()
-                    .eq_ignore_ascii_case("boundary")
-                    .then(|| v.trim().trim_matches('"').to_string())
-            })
+fn multipart_fields(headers: &HeaderMap, body: &[u8]) -> Result<Vec<(String, String)>, Error> {
+    // Every `boundary=` of every Content-Type: parsers disagree on which
+    // of several counts (Rack takes the last), so there must be one.
+    let boundaries: Vec<String> = headers
+        .get_all(http::header::CONTENT_TYPE)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split([';', ','])
+                .filter_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("boundary")
+                        .then(|| v.trim().trim_matches('"').to_string())
+                })
+                .collect::<Vec<_>>()
         })
-        .filter(|b| !b.is_empty())
-    else {
-        return Vec::new();
+        .collect();
+    let declared_multipart = headers.get_all(http::header::CONTENT_TYPE).iter().any(|v| {
+        String::from_utf8_lossy(v.as_bytes())
+            .to_ascii_lowercase()
+            .contains("multipart/")
+    });
+    let boundary = match boundaries.as_slice() {
+        [one] if !one.is_empty() => one.clone(),
+        [] if !declared_multipart => return Ok(Vec::new()),
+        _ => {
+            return Err(Error::InvalidRequest(format!(
+                "a multipart POST to a versioned route needs exactly one non-empty boundary \
+                 (found {}); form parsers disagree on which one counts, and lockstep reads it for \
+                 a {OVERRIDE_PARAM} field",
+                boundaries.len()
+            )))
+        }
     };
     let text = String::from_utf8_lossy(body);
     let delimiter = format!("--{boundary}");
@@ -285,7 +349,7 @@ fn multipart_fields(headers: &HeaderMap, body: &[u8]) -> Vec<(String, String)> {
             fields.push((name, value.to_string()));
         }
     }
-    fields
+    Ok(fields)
 }
 
 /// `application/x-www-form-urlencoded` decoding, as frameworks read a query.
@@ -447,6 +511,82 @@ mod tests {
         .is_err());
         headers.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
         assert!(!body_may_override(&headers));
+    }
+
+    /// Content types as the most lenient frameworks read them (PHP cuts
+    /// at `,` or a space, Rack reads an untyped POST as a form, Laravel's
+    /// `isJson` is a substring test), and bodies lockstep cannot read but
+    /// a lenient parser could: refused.
+    #[test]
+    fn a_body_is_read_as_leniently_as_any_framework_reads_it() {
+        let post = |ct: Option<&str>, extra: Option<(&str, &str)>, body: &str| {
+            let mut headers = HeaderMap::new();
+            if let Some(ct) = ct {
+                headers.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+            }
+            if let Some((k, v)) = extra {
+                headers.insert(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            assert!(body_may_override(&headers), "{ct:?}");
+            effective_with_body(&Method::POST, &headers, None, body.as_bytes())
+                .map_err(|e| e.to_string())
+        };
+        let part = |b: &str| {
+            format!("--{b}\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPUT\r\n--{b}--\r\n")
+        };
+        for (ct, body) in [
+            (
+                Some("application/x-www-form-urlencoded,x"),
+                "_method=PUT".to_string(),
+            ),
+            (
+                Some("application/x-www-form-urlencoded foo"),
+                "_method=PUT".to_string(),
+            ),
+            (None, "_method=PUT".to_string()),
+            (Some(""), "_method=PUT".to_string()),
+            (Some("multipart/form-data, boundary=zz"), part("zz")),
+            (Some("multipart/mixed; boundary=zz"), part("zz")),
+            (
+                Some("application/json-seq"),
+                r#"{"_method":"PUT"}"#.to_string(),
+            ),
+            (
+                Some("text/plain, application/json"),
+                r#"{"_method":"PUT"}"#.to_string(),
+            ),
+            (None, r#"{"_method":"PUT"}"#.to_string()),
+        ] {
+            assert_eq!(post(ct, None, &body), Ok(Method::PUT), "{ct:?} {body:?}");
+        }
+        for (ct, extra, body) in [
+            (
+                Some("multipart/form-data; boundary=a; boundary=zz"),
+                None,
+                part("zz"),
+            ),
+            (Some("multipart/form-data"), None, part("zz")),
+            (
+                Some("application/json"),
+                None,
+                r#"{"_method":"PUT","x":1e400}"#.to_string(),
+            ),
+            (
+                Some("application/x-www-form-urlencoded"),
+                Some(("content-encoding", "gzip")),
+                "_method=PUT".to_string(),
+            ),
+        ] {
+            assert!(post(ct, extra, &body).is_err(), "{ct:?} {extra:?} {body:?}");
+        }
+        // Not JSON-looking, no form in sight: a plain POST.
+        assert_eq!(
+            post(Some("application/json"), None, "[1, 2]"),
+            Ok(Method::POST)
+        );
     }
 
     #[test]

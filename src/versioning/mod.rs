@@ -1142,8 +1142,34 @@ fn applied_or_unknown(status: StatusCode) -> bool {
 /// against the request's URI, RFC 3986 §5.2): `/articles/7`,
 /// `http://host/articles/7`, `//host/articles/7` and, from `/articles`,
 /// `articles/7` all name `/articles/7`. Query and fragment are not part
-/// of it. Dot segments are left to the key's normalisation.
+/// of it; dot segments are removed (RFC 3986 §5.2.4, `..` clamped at the
+/// root), so `../articles/7` from `/articles` is `/articles/7` too.
 fn location_path(location: &str, collection: &str) -> Option<String> {
+    resolved_location(location, collection).map(|path| remove_dot_segments(&path))
+}
+
+/// RFC 3986 §5.2.4 on a path that starts with `/`.
+fn remove_dot_segments(path: &str) -> String {
+    let mut kept: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        match *seg {
+            "." | ".." => {
+                if *seg == ".." {
+                    kept.pop();
+                }
+                if last {
+                    kept.push("");
+                }
+            }
+            s => kept.push(s),
+        }
+    }
+    format!("/{}", kept.join("/"))
+}
+
+fn resolved_location(location: &str, collection: &str) -> Option<String> {
     let reference = location.trim();
     let reference = reference.split(['?', '#']).next().unwrap_or_default();
     let scheme_end = reference.find(':').filter(|&i| {
@@ -1282,7 +1308,10 @@ mod tests {
             ("https://h", Some("/")),
             ("//h/articles/7", Some("/articles/7")),
             ("articles/7", Some("/articles/7")),
-            ("./articles/7", Some("/./articles/7")),
+            ("./articles/7", Some("/articles/7")),
+            ("../articles/7", Some("/articles/7")),
+            ("/articles/x/../7", Some("/articles/7")),
+            ("/a/./b/.", Some("/a/b/")),
             ("7", Some("/7")),
             (" /articles/7 ", Some("/articles/7")),
             ("", None),
