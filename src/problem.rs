@@ -9,7 +9,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
 use crate::body::{self, Body};
-use crate::error::Error;
+use crate::error::{Error, HeldLock};
 use crate::resources::PathError;
 use crate::timefmt::rfc3339_ms;
 
@@ -46,6 +46,17 @@ impl Problem {
     fn ext(mut self, name: &str, value: Value) -> Self {
         self.extensions.insert(name.to_string(), value);
         self
+    }
+
+    /// The holder of a lock as everyone may see it (never the owner): the
+    /// members a 409 `lock-held` and a 403 share.
+    fn holder(self, held: &HeldLock) -> Self {
+        self.ext("resource", json!(held.resource))
+            .ext("owner_fingerprint", json!(held.owner_fingerprint))
+            .ext("label", json!(held.label))
+            .ext("fencing_token", json!(held.fencing_token))
+            .ext("acquired_at", json!(rfc3339_ms(held.acquired_at_ms)))
+            .ext("expires_at", json!(rfc3339_ms(held.expires_at_ms)))
     }
 
     fn header(mut self, name: header::HeaderName, value: String) -> Self {
@@ -170,13 +181,7 @@ impl From<&Error> for Problem {
             ),
             Error::NotFound(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             Error::NotHolder { holder, .. } => {
-                Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail)
-                    .ext("resource", json!(holder.resource))
-                    .ext("owner_fingerprint", json!(holder.owner_fingerprint))
-                    .ext("label", json!(holder.label))
-                    .ext("fencing_token", json!(holder.fencing_token))
-                    .ext("acquired_at", json!(rfc3339_ms(holder.acquired_at_ms)))
-                    .ext("expires_at", json!(rfc3339_ms(holder.expires_at_ms)))
+                Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail).holder(holder)
             }
             Error::Unauthorized { invalid_token, .. } => Problem::new(
                 S::UNAUTHORIZED,
@@ -201,12 +206,7 @@ impl From<&Error> for Problem {
             .header(header::ALLOW, (*allow).to_string()),
             Error::LockHeld(held) => Problem::new(S::CONFLICT, "lock-held", "Lock held", detail)
                 .ext("acquired", json!(false))
-                .ext("resource", json!(held.resource))
-                .ext("owner_fingerprint", json!(held.owner_fingerprint))
-                .ext("label", json!(held.label))
-                .ext("fencing_token", json!(held.fencing_token))
-                .ext("acquired_at", json!(rfc3339_ms(held.acquired_at_ms)))
-                .ext("expires_at", json!(rfc3339_ms(held.expires_at_ms)))
+                .holder(held)
                 .header(
                     header::RETRY_AFTER,
                     retry_after_secs(held.remaining_ms).to_string(),
