@@ -135,7 +135,8 @@ fn main() -> ExitCode {
                 Ok(v) => v,
                 Err(code) => return code,
             };
-            lockstep::telemetry::init(&validated.config.log);
+            // Held to the end: dropping it flushes the lines still queued.
+            let log_writer = lockstep::telemetry::init(&validated.config.log);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -153,10 +154,17 @@ fn main() -> ExitCode {
                 let shutdown = shutdown_signal();
                 lockstep::app::run(validated, shutdown).await
             };
-            match runtime.block_on(run) {
+            let outcome = runtime.block_on(run);
+            if let Err(e) = &outcome {
+                tracing::error!(error = %e, "lockstep failed");
+            }
+            // Tasks still ending while the runtime goes may log; then every
+            // line is out before the last word below.
+            drop(runtime);
+            drop(log_writer);
+            match outcome {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    tracing::error!(error = %e, "lockstep failed");
                     eprintln!("lockstep: {e}");
                     ExitCode::FAILURE
                 }

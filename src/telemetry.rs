@@ -2,21 +2,30 @@
 //! cluster's log pipeline. Request events carry structured fields, never
 //! formatted strings, so they can be queried.
 
+mod writer;
+
 use tracing_subscriber::EnvFilter;
+
+pub use writer::FlushGuard;
 
 use crate::config::{LogConfig, LogFormat};
 
 /// Installs the global subscriber. `RUST_LOG`, when set, wins over
 /// `log.level` so an operator can turn one module up without a config change.
-pub fn init(log: &LogConfig) {
+///
+/// Lines are formatted where the event happens and written to stderr in
+/// batches by a thread of its own ([`writer`] says why). The returned guard
+/// writes what is pending when dropped: keep it until the process ends.
+pub fn init(log: &LogConfig) -> FlushGuard {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
         .or_else(|| EnvFilter::try_new(&log.level).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
+    let (writer, guard) = writer::spawn(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let result = match log.format {
         LogFormat::Json => builder
             .json()
@@ -29,6 +38,7 @@ pub fn init(log: &LogConfig) {
     };
     // A second init (tests running in one process) keeps the first.
     let _ = result;
+    guard
 }
 
 /// The span of one request, entered by the serve loop around the router:

@@ -244,7 +244,19 @@ async fn fails_closed(lockstep: &Lockstep, backend: &Backend) {
         .await;
     assert_eq!(read.status, 200, "{read:?}");
     assert_eq!(read.etag_version(), None, "{read:?}");
-    // Said once, as an ERROR, naming the file.
+    // Said once, as an ERROR, naming the file. Lines reach stderr in order
+    // but a moment after they are logged: once the access line of one more
+    // request is in, every line before it is.
+    let last = client
+        .get(lockstep.proxy_url_for("/echo/fails-closed-last"))
+        .send()
+        .await;
+    assert_eq!(last.status, 200, "{last:?}");
+    lockstep
+        .wait_for_log(Duration::from_secs(5), |l| {
+            l["target"] == "lockstep::request" && l["fields"]["path"] == "/echo/fails-closed-last"
+        })
+        .await;
     let errors: Vec<_> = lockstep
         .log_lines()
         .into_iter()
