@@ -227,6 +227,14 @@ async fn released_unknown_and_foreign_tokens_are_refused(kind: DbKind) {
         .send()
         .await;
     assert_stale(&p, "jobs/3", None);
+    // Refused before the body is asked for (`Expect: 100-continue`) with a
+    // stale If-Match too: the stale token is still the answer.
+    let e = put("/items/3", t3)
+        .if_match(2)
+        .header("expect", "100-continue")
+        .send()
+        .await;
+    assert_stale(&e, "jobs/3", None);
 
     for path in ["/items/2", "/items/3"] {
         assert!(backend.log_for(path).await.is_empty(), "{path} was written");

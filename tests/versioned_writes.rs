@@ -101,6 +101,63 @@ async fn stale_if_match_gets_409_with_current_version_and_never_reaches_the_back
     assert_eq!(read_version(&client, &lockstep, "/articles/s").await, 2);
 }
 
+/// Reads from `stream` until `want` appears or 5 s pass; what was read.
+async fn read_until(stream: &mut tokio::net::TcpStream, want: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(want) {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn a_stale_if_match_with_expect_100_continue_is_refused_before_the_body_is_asked_for() {
+    use tokio::io::AsyncWriteExt;
+    let backend = Backend::start();
+    seed(&backend, "/articles/e", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let head = |version: i64| {
+        format!(
+            "PUT /articles/e HTTP/1.1\r\nHost: x\r\nIf-Match: \"{version}\"\r\n\
+             Expect: 100-continue\r\nContent-Type: application/json\r\n\
+             Content-Length: 14\r\n\r\n"
+        )
+    };
+
+    // Stale: the final answer comes without a 100, and no body is sent.
+    let mut stream = tokio::net::TcpStream::connect(lockstep.proxy_addr())
+        .await
+        .unwrap();
+    stream.write_all(head(7).as_bytes()).await.unwrap();
+    let answer = read_until(&mut stream, "current_version").await;
+    assert!(answer.starts_with("HTTP/1.1 409 "), "{answer}");
+    assert!(!answer.contains("100 Continue"), "{answer}");
+    assert!(answer.contains("\"current_version\":1"), "{answer}");
+    assert!(writes_received(&backend, "/articles/e").await.is_empty());
+
+    // Current: the client is asked for its body, and the write goes on.
+    let mut stream = tokio::net::TcpStream::connect(lockstep.proxy_addr())
+        .await
+        .unwrap();
+    stream.write_all(head(1).as_bytes()).await.unwrap();
+    let go_on = read_until(&mut stream, "\r\n\r\n").await;
+    assert!(go_on.starts_with("HTTP/1.1 100 Continue"), "{go_on}");
+    stream.write_all(br#"{"title": "b"}"#).await.unwrap();
+    let answer = read_until(&mut stream, "etag").await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(answer.contains("etag: \"2\""), "{answer}");
+    assert_eq!(
+        backend.stored("/articles/e").await,
+        Some(json!({"title": "b"}))
+    );
+}
+
 #[tokio::test]
 async fn body_version_works_like_if_match() {
     let backend = Backend::start();

@@ -460,6 +460,7 @@ impl Versioning {
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> Answer {
+        self.stale_before_body(&req, key, fencing).await?;
         let (expected, fence, fwd) = self.precondition(req, fencing, pq, inbound).await?;
         // `Lock-Token` goes on to the backend unchanged, so a backend may
         // check it too. The task keeps the request's span.
@@ -471,6 +472,53 @@ impl Versioning {
             .unwrap_or_else(
                 |e| Err(Error::BadGateway(format!("the write task failed: {e}")).into()),
             )
+    }
+
+    /// A client that sent `Expect: 100-continue` waits to be told to send
+    /// its body (RFC 9110 §10.1.1), and hyper tells it so when the body is
+    /// first read. When its `If-Match` is already stale, it is answered
+    /// 409 (or `conflict_status`) before that, and a body that would only be
+    /// thrown away is never sent. This is the claim loop's own refusal (the
+    /// current version, which `If-Match` does not name; a fenced write's
+    /// stale token first), taken earlier, and the write's linearization
+    /// point is this read. Any other case, including headers precondition
+    /// will refuse and a database that cannot answer, goes on as usual; and
+    /// only such requests pay the extra read.
+    async fn stale_before_body(
+        &self,
+        req: &Request<Body>,
+        key: &str,
+        fencing: &Fencing,
+    ) -> std::result::Result<(), Failure> {
+        let expects_continue = req
+            .headers()
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !expects_continue {
+            return Ok(());
+        }
+        let (Ok(fence), Ok(Some(expected))) = (
+            fence::presented(req.headers(), fencing),
+            precondition::if_match(req.headers()),
+        ) else {
+            return Ok(());
+        };
+        let Ok(state) = self.store.current(key).await else {
+            return Ok(());
+        };
+        if expected.accepts(state.version).is_some() {
+            return Ok(());
+        }
+        self.check_fence(fence.as_ref()).await.at(state.version)?;
+        self.metrics.conflict(ConflictReason::Stale);
+        Err(Failure::at(
+            state.version,
+            Error::Conflict {
+                current_version: state.version,
+                expected: expected.describe(),
+                status: self.settings.conflict_status,
+            },
+        ))
     }
 
     /// **precondition**: the expected version from `If-Match` and the body,
