@@ -130,11 +130,18 @@ async fn a_stale_if_match_with_expect_100_continue_is_refused_before_the_body_is
         )
     };
 
+    let addr = lockstep.proxy_addr();
+    let ask = |version: i64| {
+        let request = head(version);
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.write_all(request.as_bytes()).await.unwrap();
+            stream
+        }
+    };
+
     // Stale: the final answer comes without a 100, and no body is sent.
-    let mut stream = tokio::net::TcpStream::connect(lockstep.proxy_addr())
-        .await
-        .unwrap();
-    stream.write_all(head(7).as_bytes()).await.unwrap();
+    let mut stream = ask(7).await;
     let answer = read_until(&mut stream, "current_version").await;
     assert!(answer.starts_with("HTTP/1.1 409 "), "{answer}");
     assert!(!answer.contains("100 Continue"), "{answer}");
@@ -142,10 +149,7 @@ async fn a_stale_if_match_with_expect_100_continue_is_refused_before_the_body_is
     assert!(writes_received(&backend, "/articles/e").await.is_empty());
 
     // Current: the client is asked for its body, and the write goes on.
-    let mut stream = tokio::net::TcpStream::connect(lockstep.proxy_addr())
-        .await
-        .unwrap();
-    stream.write_all(head(1).as_bytes()).await.unwrap();
+    let mut stream = ask(1).await;
     let go_on = read_until(&mut stream, "\r\n\r\n").await;
     assert!(go_on.starts_with("HTTP/1.1 100 Continue"), "{go_on}");
     stream.write_all(br#"{"title": "b"}"#).await.unwrap();
