@@ -117,6 +117,12 @@ async fn every_lock_call_needs_a_token_on_both_listeners() {
             && (l["fields"]["outcome"] == "unauthorized" || l["outcome"] == "unauthorized")
     })
     .await;
+    // Lines arrive in order, a moment after they are logged: once the last
+    // request's access line is in, every line is.
+    ls.wait_for_log(Duration::from_secs(2), |l| {
+        l["target"] == "lockstep::request" && l["fields"]["path"] == "/articles/1"
+    })
+    .await;
     let output = ls.output_text();
     for secret in [
         "tok-alpha-7f3c",

@@ -122,17 +122,17 @@ async fn a_stale_if_match_with_expect_100_continue_is_refused_before_the_body_is
     let backend = Backend::start();
     seed(&backend, "/articles/e", json!({"title": "a"})).await;
     let lockstep = Lockstep::in_front_of(&backend);
-    let head = |version: i64| {
+    let head = |version: i64, length: usize| {
         format!(
             "PUT /articles/e HTTP/1.1\r\nHost: x\r\nIf-Match: \"{version}\"\r\n\
              Expect: 100-continue\r\nContent-Type: application/json\r\n\
-             Content-Length: 14\r\n\r\n"
+             Content-Length: {length}\r\n\r\n"
         )
     };
 
     let addr = lockstep.proxy_addr();
-    let ask = |version: i64| {
-        let request = head(version);
+    let ask = |version: i64, length: usize| {
+        let request = head(version, length);
         async move {
             let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
             stream.write_all(request.as_bytes()).await.unwrap();
@@ -141,15 +141,21 @@ async fn a_stale_if_match_with_expect_100_continue_is_refused_before_the_body_is
     };
 
     // Stale: the final answer comes without a 100, and no body is sent.
-    let mut stream = ask(7).await;
+    let mut stream = ask(7, 14).await;
     let answer = read_until(&mut stream, "current_version").await;
     assert!(answer.starts_with("HTTP/1.1 409 "), "{answer}");
     assert!(!answer.contains("100 Continue"), "{answer}");
     assert!(answer.contains("\"current_version\":1"), "{answer}");
     assert!(writes_received(&backend, "/articles/e").await.is_empty());
 
+    // A body declared over max_body_bytes is 413 from the headers, as
+    // without Expect: the size is refused ahead of the version.
+    let mut stream = ask(7, 2 << 20).await;
+    let answer = read_until(&mut stream, "\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+
     // Current: the client is asked for its body, and the write goes on.
-    let mut stream = ask(1).await;
+    let mut stream = ask(1, 14).await;
     let go_on = read_until(&mut stream, "\r\n\r\n").await;
     assert!(go_on.starts_with("HTTP/1.1 100 Continue"), "{go_on}");
     stream.write_all(br#"{"title": "b"}"#).await.unwrap();

@@ -494,7 +494,9 @@ impl Versioning {
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if !expects_continue {
+        // A body declared too large is 413 from the headers alone, as
+        // without the header.
+        if !expects_continue || self.declared_too_large(req.headers()) {
             return Ok(());
         }
         let (Ok(fence), Ok(Some(expected))) = (
@@ -1163,15 +1165,20 @@ impl Versioning {
     /// Reads a write's body within `max_body_bytes` (413 beyond it).
     async fn read_request_body(&self, parts: &Parts, body: Body) -> Result<Bytes> {
         let limit = self.settings.max_body_bytes;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit) {
+        if self.declared_too_large(&parts.headers) {
             return Err(Error::PayloadTooLarge { limit });
         }
         body::read_request(body, limit, self.upstream.request_timeout()).await
+    }
+
+    /// A `Content-Length` over `max_body_bytes`: 413 before any byte of
+    /// the body is read.
+    fn declared_too_large(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n > self.settings.max_body_bytes)
     }
 }
 
