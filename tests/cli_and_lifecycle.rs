@@ -412,9 +412,9 @@ async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
     let status = lockstep.wait_exit(Duration::from_secs(6)).await;
     assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
     assert!(signalled.elapsed() < Duration::from_secs(6));
-    // Log lines are written by a thread of their own; on the way out it
-    // writes what is left, up to the last line: the drained request's access
-    // line and the final "stopped" are both there.
+    // Lines that met a write in progress wait for the log thread; on the
+    // way out it writes what is left, up to the last line: the drained
+    // request's access line and the final "stopped" are both there.
     lockstep
         .wait_for_log(Duration::from_secs(2), |l| {
             l["target"] == "lockstep::request" && l["fields"]["path"] == "/articles/slow"

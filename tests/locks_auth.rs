@@ -117,8 +117,9 @@ async fn every_lock_call_needs_a_token_on_both_listeners() {
             && (l["fields"]["outcome"] == "unauthorized" || l["outcome"] == "unauthorized")
     })
     .await;
-    // Lines arrive in order, a moment after they are logged: once the last
-    // request's access line is in, every line is.
+    // Lines arrive in order, some (those that met a write in progress) a
+    // moment after they are logged: once the last request's access line is
+    // in, every line is.
     ls.wait_for_log(Duration::from_secs(2), |l| {
         l["target"] == "lockstep::request" && l["fields"]["path"] == "/articles/1"
     })

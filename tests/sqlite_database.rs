@@ -244,9 +244,9 @@ async fn fails_closed(lockstep: &Lockstep, backend: &Backend) {
         .await;
     assert_eq!(read.status, 200, "{read:?}");
     assert_eq!(read.etag_version(), None, "{read:?}");
-    // Said once, as an ERROR, naming the file. Lines reach stderr in order
-    // but a moment after they are logged: once the access line of one more
-    // request is in, every line before it is.
+    // Said once, as an ERROR, naming the file. Lines reach stderr in order,
+    // but one that met a write in progress a moment later: once the access
+    // line of one more request is in, every line before it is.
     let last = client
         .get(lockstep.proxy_url_for("/echo/fails-closed-last"))
         .send()
