@@ -13,9 +13,10 @@ use crate::config::{LogConfig, LogFormat};
 /// Installs the global subscriber. `RUST_LOG`, when set, wins over
 /// `log.level` so an operator can turn one module up without a config change.
 ///
-/// Lines are formatted where the event happens and written to stderr in
-/// batches by a thread of its own ([`writer`] says why). The returned guard
-/// writes what is pending when dropped: keep it until the process ends.
+/// Lines are formatted where the event happens and written to stderr at
+/// once, or, when they meet a write in progress, by a thread of their own
+/// right after it ([`writer`] says why). The returned guard writes what is
+/// queued when dropped: keep it until the process ends.
 pub fn init(log: &LogConfig) -> FlushGuard {
     let filter = std::env::var("RUST_LOG")
         .ok()
