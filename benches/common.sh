@@ -1,9 +1,10 @@
 # shellcheck shell=bash
-# Shell helpers shared by benches/run.sh and benches/postgres.sh; sourced, not
-# run. It holds what the two scripts do alike: logging (log/die, tagged with
-# $LOG_TAG), installing missing Debian packages, building and finding the
-# lockstep binary, the temp dir with its EXIT cleanup of the servers started,
-# starting servers (start, free_ports, wait_http, start_lockstep), the lock API
+# Shell helpers shared by benches/run.sh, benches/postgres.sh and
+# benches/log_cost.sh; sourced, not run. It holds what the scripts do alike:
+# logging (log/die, tagged with $LOG_TAG), installing missing Debian packages,
+# building and finding the lockstep binary, the temp dir with its EXIT cleanup
+# of the servers started, starting servers (nginx_conf, start, free_ports,
+# wait_http, start_lockstep, stop_lockstep, restart_lockstep), the lock API
 # sanity check, report notes, the idle-CPU probe, and the small number and
 # output parsers (kv, num, ratio, verdict, wrk_sockerr). What only one script
 # needs stays in that script.
@@ -103,6 +104,33 @@ cleanup() {
 
 # --------------------------------------------------------------- servers ----
 
+# nginx_conf NAME: writes $TMP/NAME/nginx.conf, a foreground nginx with its
+# files under $TMP/NAME, no access log, and the http{} body read from stdin.
+nginx_conf() {
+    local dir=$TMP/$1
+    mkdir -p "$dir/tmp"
+    {
+        cat <<EOF
+worker_processes auto;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 60s;
+EOF
+        cat
+        echo "}"
+    } >"$dir/nginx.conf"
+}
+
 # start NAME CMD... : runs CMD in its own session, logs to $TMP/NAME.log
 start() {
     local name=$1
@@ -152,11 +180,10 @@ start_lockstep() {
     wait_http lockstep "$LOCKSTEP_PID" "http://127.0.0.1:$P_ADMIN/readyz"
 }
 
-# restart_lockstep: stops lockstep (SIGTERM, a drained exit) and starts it
-# again on the same database and ports, so the next rows run in a fresh
-# process: their peak RSS is then their own load's, not what earlier rows
-# left in the allocator.
-restart_lockstep() {
+# stop_lockstep: SIGTERM (a drained exit), waited for up to 10 s; nothing to
+# do when none runs.
+stop_lockstep() {
+    [[ -n ${LOCKSTEP_PID:-} ]] || return 0
     kill -TERM "$LOCKSTEP_PID" 2>/dev/null || true
     for _ in $(seq 1 100); do
         kill -0 "$LOCKSTEP_PID" 2>/dev/null || break
@@ -164,6 +191,14 @@ restart_lockstep() {
     done
     kill -0 "$LOCKSTEP_PID" 2>/dev/null && die "lockstep did not exit within 10 s of SIGTERM"
     wait "$LOCKSTEP_PID" 2>/dev/null || true
+    LOCKSTEP_PID=
+}
+
+# restart_lockstep: stops lockstep and starts it again on the same database
+# and ports, so the next rows run in a fresh process: their peak RSS is then
+# their own load's, not what earlier rows left in the allocator.
+restart_lockstep() {
+    stop_lockstep
     start_lockstep
 }
 

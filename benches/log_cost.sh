@@ -62,30 +62,6 @@ read -r P_BACKEND P_PROXY P_PROXY_LOG P_LOCKSTEP P_ADMIN < <(free_ports 5)
 
 # ------------------------------------------------------------ servers ----
 
-nginx_conf() { # nginx_conf NAME  (http{} body on stdin)
-    local dir=$TMP/$1
-    mkdir -p "$dir/tmp"
-    {
-        cat <<EOF
-worker_processes auto;
-daemon off;
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 60s;
-EOF
-        cat
-        echo "}"
-    } >"$dir/nginx.conf"
-}
 
 nginx_conf backend <<EOF
     server {
@@ -151,17 +127,6 @@ pattern = "/articles/{id}"
 EOF
 }
 
-stop_lockstep() {
-    [[ -n ${LOCKSTEP_PID:-} ]] || return 0
-    kill -TERM "$LOCKSTEP_PID" 2>/dev/null || true
-    for _ in $(seq 1 100); do
-        kill -0 "$LOCKSTEP_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -0 "$LOCKSTEP_PID" 2>/dev/null && die "lockstep did not exit within 10 s of SIGTERM"
-    wait "$LOCKSTEP_PID" 2>/dev/null || true
-    LOCKSTEP_PID=
-}
 
 # ----------------------------------------------------------- measuring ----
 

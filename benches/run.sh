@@ -110,30 +110,6 @@ read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN P_REDIS P_REDIS_FSYNC < <(free_port
 
 # --------------------------------------------------------------- servers ----
 
-nginx_conf() { # nginx_conf NAME  (http{} body on stdin)
-    local dir=$TMP/$1
-    mkdir -p "$dir/tmp"
-    {
-        cat <<EOF
-worker_processes auto;
-daemon off;
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 60s;
-EOF
-        cat
-        echo "}"
-    } >"$dir/nginx.conf"
-}
 
 # JSON objects for the rows that stamp bigger bodies: /b2k/1 (2 KiB),
 # /b64k/1 (64 KiB) and /b1m/1 (1 MiB, just under lockstep's default
