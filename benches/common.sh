@@ -3,7 +3,8 @@
 # benches/log_cost.sh; sourced, not run. It holds what the scripts do alike:
 # logging (log/die, tagged with $LOG_TAG), installing missing Debian packages,
 # building and finding the lockstep binary, the temp dir with its EXIT cleanup
-# of the servers started, starting servers (nginx_conf, start, free_ports,
+# of the servers started, starting servers (nginx_conf, nginx_upstream,
+# nginx_proxy_server, start, free_ports,
 # wait_http, start_lockstep, stop_lockstep, restart_lockstep), the lock API
 # sanity check, report notes, the idle-CPU probe, and the small number and
 # output parsers (kv, num, ratio, verdict, wrk_sockerr). What only one script
@@ -129,6 +130,35 @@ EOF
         cat
         echo "}"
     } >"$dir/nginx.conf"
+}
+
+# nginx_upstream PORT: an http{} upstream "backend" on 127.0.0.1:PORT, with
+# kept-alive connections (for nginx_conf's stdin).
+nginx_upstream() {
+    cat <<EOF
+    upstream backend {
+        server 127.0.0.1:$1;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+EOF
+}
+
+# nginx_proxy_server PORT [DIRECTIVE]: a server on 127.0.0.1:PORT proxying
+# everything to "backend" over HTTP/1.1 keep-alive; DIRECTIVE (say an
+# access_log line) goes into the server block.
+nginx_proxy_server() {
+    cat <<EOF
+    server {
+        listen 127.0.0.1:$1;
+        ${2:-}
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+EOF
 }
 
 # start NAME CMD... : runs CMD in its own session, logs to $TMP/NAME.log

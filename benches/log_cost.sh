@@ -73,30 +73,11 @@ EOF
 
 # Two proxies in one nginx: the same proxying, without and with a log.
 NGINX_ACCESS_LOG=$TMP/nginx-access.log
-nginx_conf proxy <<EOF
-    upstream backend {
-        server 127.0.0.1:$P_BACKEND;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$P_PROXY;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-    server {
-        listen 127.0.0.1:$P_PROXY_LOG;
-        access_log $NGINX_ACCESS_LOG;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-EOF
+{
+    nginx_upstream "$P_BACKEND"
+    nginx_proxy_server "$P_PROXY"
+    nginx_proxy_server "$P_PROXY_LOG" "access_log $NGINX_ACCESS_LOG;"
+} | nginx_conf proxy
 
 start nginx-backend "$NGINX" -c "$TMP/backend/nginx.conf"
 wait_http nginx-backend "$LAST_PID" "http://127.0.0.1:$P_BACKEND/x"

@@ -143,21 +143,10 @@ nginx_conf nginx-backend <<EOF
     }
 EOF
 
-nginx_conf nginx-proxy <<EOF
-    upstream backend {
-        server 127.0.0.1:$P_BACKEND;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$P_PROXY;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-EOF
+{
+    nginx_upstream "$P_BACKEND"
+    nginx_proxy_server "$P_PROXY"
+} | nginx_conf nginx-proxy
 
 cat >"$TMP/lockstep.toml" <<EOF
 [server]
