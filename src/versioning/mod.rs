@@ -478,9 +478,10 @@ impl Versioning {
     /// its body (RFC 9110 §10.1.1), and hyper tells it so when the body is
     /// first read. When its `If-Match` is already stale, it is answered
     /// 409 (or `conflict_status`) before that, and a body that would only be
-    /// thrown away is never sent. This is the claim loop's own refusal (the
-    /// current version, which `If-Match` does not name; a fenced write's
-    /// stale token first), taken earlier, and the write's linearization
+    /// thrown away is never sent. This is the claim loop's own refusal
+    /// ([`Self::stale`]: the current version, which `If-Match` does not
+    /// name; a fenced write's stale token first), taken earlier, and the
+    /// write's linearization
     /// point is this read. Any other case, including headers precondition
     /// will refuse and a database that cannot answer, goes on as usual; and
     /// only such requests pay the extra read.
@@ -511,16 +512,25 @@ impl Versioning {
         if expected.accepts(state.version).is_some() {
             return Ok(());
         }
-        self.check_fence(fence.as_ref()).await.at(state.version)?;
+        Err(self.stale(&expected, state.version, fence.as_ref()).await)
+    }
+
+    /// The refusal of a write whose precondition does not accept `current`:
+    /// `stale-lock-token` when it is fenced by a token its lock no longer
+    /// holds (that answer comes first), else the version conflict.
+    async fn stale(&self, expected: &Expected, current: i64, fence: Option<&Fence>) -> Failure {
+        if let Err(failure) = self.check_fence(fence).await.at(current) {
+            return failure;
+        }
         self.metrics.conflict(ConflictReason::Stale);
-        Err(Failure::at(
-            state.version,
+        Failure::at(
+            current,
             Error::Conflict {
-                current_version: state.version,
+                current_version: current,
                 expected: expected.describe(),
                 status: self.settings.conflict_status,
             },
-        ))
+        )
     }
 
     /// **precondition**: the expected version from `If-Match` and the body,
@@ -640,16 +650,7 @@ impl Versioning {
         loop {
             let state = self.store.current(key).await?;
             let Some(version) = expected.accepts(state.version) else {
-                self.check_fence(fence).await.at(state.version)?;
-                self.metrics.conflict(ConflictReason::Stale);
-                return Err(Failure::at(
-                    state.version,
-                    Error::Conflict {
-                        current_version: state.version,
-                        expected: expected.describe(),
-                        status: self.settings.conflict_status,
-                    },
-                ));
+                return Err(self.stale(expected, state.version, fence).await);
             };
             if let Lease::Held { remaining_ms } = state.lease {
                 let now = Instant::now();
