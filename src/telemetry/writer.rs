@@ -69,6 +69,42 @@ impl Shared {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Writes one formatted event: at once when nothing earlier is pending
+    /// or being written, else queued for the thread.
+    fn write_line(&self, buf: &[u8]) -> std::io::Result<()> {
+        let mut pending = self.lock();
+        while pending.bytes.len() >= MAX_PENDING && !pending.done {
+            pending = self
+                .room
+                .wait(pending)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if pending.done {
+            // The thread has ended (the process is ending) or none could be
+            // started: write directly, under the lock, in order.
+            return std::io::stderr().write_all(buf);
+        }
+        if !pending.writing && pending.bytes.is_empty() {
+            // Nothing earlier is pending or being written: this line goes
+            // out now, before the logging call returns.
+            pending.writing = true;
+            drop(pending);
+            let writing = Writing(self);
+            self.write_out(buf);
+            drop(writing);
+            return Ok(());
+        }
+        let was_empty = pending.bytes.is_empty();
+        pending.bytes.extend_from_slice(buf);
+        drop(pending);
+        // A notify is a system call: only for the first line pending (the
+        // thread then finds the rest with it).
+        if was_empty {
+            self.lines.notify_one();
+        }
+        Ok(())
+    }
+
     /// Writes `bytes` to `out`; the caller has set `writing`. A failed
     /// write (stderr closed) drops them: there is nowhere left to say so.
     fn write_out(&self, bytes: &[u8]) {
@@ -93,8 +129,8 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// The `MakeWriter` handed to the tracing subscriber: cheap to clone, each
-/// write is one formatted event.
+/// The `MakeWriter` handed to the tracing subscriber (and a writer itself):
+/// each write is one formatted event.
 #[derive(Clone)]
 pub struct BatchWriter {
     shared: Arc<Shared>,
@@ -183,7 +219,10 @@ fn write_loop(shared: &Shared) {
         pending.writing = true;
         std::mem::swap(&mut pending.bytes, &mut spare);
         drop(pending);
-        shared.room.notify_all();
+        // Loggers wait for room only at the bound; a notify is a system call.
+        if spare.len() >= MAX_PENDING {
+            shared.room.notify_all();
+        }
         let writing = Writing(shared);
         shared.write_out(&spare);
         drop(writing);
@@ -201,38 +240,26 @@ impl std::io::Write for BatchWriter {
     }
 
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        let shared = &*self.shared;
-        let mut pending = shared.lock();
-        while pending.bytes.len() >= MAX_PENDING && !pending.done {
-            pending = shared
-                .room
-                .wait(pending)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        if pending.done {
-            // The thread has ended (the process is ending) or none could be
-            // started: write directly, under the lock, in order.
-            return std::io::stderr().write_all(buf);
-        }
-        if !pending.writing && pending.bytes.is_empty() {
-            // Nothing earlier is pending or being written: this line goes
-            // out now, before the logging call returns.
-            pending.writing = true;
-            drop(pending);
-            let writing = Writing(shared);
-            shared.write_out(buf);
-            drop(writing);
-            return Ok(());
-        }
-        let was_empty = pending.bytes.is_empty();
-        pending.bytes.extend_from_slice(buf);
-        drop(pending);
-        // A notify is a system call: only for the first line pending (the
-        // thread then finds the rest with it).
-        if was_empty {
-            shared.lines.notify_one();
-        }
+        self.shared.write_line(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// What the subscriber writes one event through: a borrow of the shared
+/// state, so no reference count is touched per line.
+pub struct LineWriter<'a>(&'a Shared);
+
+impl std::io::Write for LineWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write_line(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.0.write_line(buf)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -241,10 +268,10 @@ impl std::io::Write for BatchWriter {
 }
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchWriter {
-    type Writer = BatchWriter;
+    type Writer = LineWriter<'a>;
 
     fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
+        LineWriter(&self.shared)
     }
 }
 
@@ -272,7 +299,16 @@ mod tests {
 
     use std::thread::JoinHandle;
 
-    use super::{spawn, BatchWriter, Writing, MAX_PENDING};
+    use super::{spawn, BatchWriter, Pending, Writing, MAX_PENDING};
+
+    /// Polls the writer's state until `ready` holds; fails after 5 s.
+    fn wait_until(writer: &BatchWriter, what: &str, ready: impl Fn(&Pending) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !ready(&writer.shared.lock()) {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 
     /// A stderr stand-in: what was written, and a gate that, while shut,
     /// holds every write (a reader that stopped reading its pipe).
@@ -359,14 +395,7 @@ mod tests {
     /// (held at a shut gate): from then on, lines are queued.
     fn hold_a_write(writer: &BatchWriter, log: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
         let holder = std::thread::spawn(log);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !writer.shared.lock().writing {
-            assert!(
-                Instant::now() < deadline,
-                "the first line was never written"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(writer, "the first line was never written", |p| p.writing);
         holder
     }
 
@@ -398,14 +427,7 @@ mod tests {
         }
         // The guard's drop waits for the thread, which waits for the write.
         let stopping = std::thread::spawn(move || drop(guard));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !writer.shared.lock().stop {
-            assert!(
-                Instant::now() < deadline,
-                "the guard never stopped the thread"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(&writer, "the guard never stopped the thread", |p| p.stop);
         for i in 100..200 {
             writer.write_all(format!("{i}\n").as_bytes()).unwrap();
         }
@@ -437,11 +459,7 @@ mod tests {
             .write_all(b"the line that ends the thread\n")
             .unwrap();
         drop(Writing(&writer.shared));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !writer.shared.lock().done {
-            assert!(Instant::now() < deadline, "the thread's end was not marked");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(&writer, "the thread's end was not marked", |p| p.done);
         // Nothing waits for a thread that is gone: this goes to stderr.
         writer
             .write_all(b"a line after the thread ended\n")
