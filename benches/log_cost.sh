@@ -10,6 +10,7 @@
 #   lockstep, log.level = "warn"                   (benches/run.sh's setting)
 #   lockstep, level = "info", access_log = false
 #   lockstep, the shipped [log] defaults           (info, an access line per request)
+#   lockstep, the defaults with format = "json"    (the Helm chart's [log])
 # Log output goes to files in the temp dir (lockstep's stderr, nginx's
 # access.log), emptied between runs. Each round runs every configuration
 # once, interleaved, lockstep restarted for each; the report gives each
@@ -163,6 +164,7 @@ declare -A LOGCONF=(
     [lockstep-warn]='level = "warn"'
     [lockstep-info]=$'level = "info"\naccess_log = false'
     [lockstep-default]='' # the shipped [log]: level "info", access_log true
+    [lockstep-json]='format = "json"' # the chart's [log]
 )
 
 BUSY=$(cpu_busy)
@@ -172,17 +174,21 @@ for round in $(seq 1 "$ROUNDS"); do
     mapfile -t nginx_pids < <(pgrep -s "$PROXY_SID")
     measure nginx-off "http://127.0.0.1:$P_PROXY/p" "${nginx_pids[@]}"
     measure nginx-log "http://127.0.0.1:$P_PROXY_LOG/p" "${nginx_pids[@]}"
-    for row in lockstep-warn lockstep-info lockstep-default; do
+    for row in lockstep-warn lockstep-info lockstep-default lockstep-json; do
         stop_lockstep
         : >"$TMP/lockstep.log"
         lockstep_conf "${LOGCONF[$row]}"
         start_lockstep
         measure "$row" "http://127.0.0.1:$P_LOCKSTEP/p" "$LOCKSTEP_PID"
+        if [[ $row == lockstep-default ]]; then
+            lines=$(grep -c 'passthrough request' "$TMP/lockstep.log" || true)
+            ((lines > 0)) || die "the default configuration logged no access line"
+        fi
     done
     # The access lines really were written: one per request, give or take
     # those in flight when wrk stopped.
-    lines=$(grep -c 'passthrough request' "$TMP/lockstep.log" || true)
-    ((lines > 0)) || die "the default configuration logged no access line"
+    lines=$(grep -c '"message":"passthrough request"' "$TMP/lockstep.log" || true)
+    ((lines > 0)) || die "the JSON configuration logged no access line"
 done
 stop_lockstep
 
@@ -207,6 +213,7 @@ report() {
     row_line lockstep-warn "lockstep, \`level = \"warn\"\` (as in \`benches/run.sh\`)"
     row_line lockstep-info "lockstep, \`level = \"info\"\`, \`access_log = false\`"
     row_line lockstep-default "lockstep, the shipped defaults (info, an access line per request)"
+    row_line lockstep-json "lockstep, the defaults with \`format = \"json\"\` (the Helm chart's)"
     echo
     echo "Compare like with like: lockstep at \`warn\` with nginx without a log,"
     echo "the shipped defaults with nginx's default access log. CPU: lockstep's"

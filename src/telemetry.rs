@@ -2,8 +2,17 @@
 //! cluster's log pipeline. Request events carry structured fields, never
 //! formatted strings, so they can be queried.
 
+#[cfg(test)]
+mod format_tests;
+mod json;
+mod text;
 mod writer;
 
+use std::fmt;
+
+use tracing::{Level, Metadata};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::EnvFilter;
 
 pub use writer::FlushGuard;
@@ -27,19 +36,61 @@ pub fn init(log: &LogConfig) -> FlushGuard {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
+    // The line formats are tracing-subscriber's own, written by hand for
+    // speed (see `text` and `json`); colours on a terminal are its own.
     let result = match log.format {
         LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+            .fmt_fields(json::JsonFields)
+            .event_format(json::JsonFormat::new(UtcMicros))
             .try_init(),
+        LogFormat::Text if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
+            builder.with_ansi(true).try_init()
+        }
         LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_ansi(false)
+            .fmt_fields(text::TextFields)
+            .event_format(text::TextFormat::new(UtcMicros))
             .try_init(),
     };
     // A second init (tests running in one process) keeps the first.
     let _ = result;
     guard
+}
+
+/// The time of a log line, as tracing-subscriber's own timer writes it
+/// (`2026-12-04T17:47:33.213692Z`), formatted without `core::fmt`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UtcMicros;
+
+impl FormatTime for UtcMicros {
+    fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok();
+        match since_epoch.and_then(crate::timefmt::rfc3339_us) {
+            Some(stamp) => w.write_str(stamp.as_str()),
+            // A clock before 1970 or past 9999: its own timer copes.
+            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
+        }
+    }
+}
+
+/// Whether an event is a record of the `log` crate (rustls, for one, logs
+/// through it): tracing-subscriber gives those their own target and level,
+/// so the line formats hand them to its code.
+fn from_log_crate(meta: &Metadata<'_>) -> bool {
+    meta.fields().field("log.target").is_some()
+}
+
+/// The level as the text line writes it, five columns wide.
+fn level_padded(level: &Level) -> &'static str {
+    match *level {
+        Level::TRACE => "TRACE",
+        Level::DEBUG => "DEBUG",
+        Level::INFO => " INFO",
+        Level::WARN => " WARN",
+        Level::ERROR => "ERROR",
+    }
 }
 
 /// The span of one request, entered by the serve loop around the router:
