@@ -123,6 +123,10 @@ fn corpus() {
     error!("an error line");
     info!(target: "x", "message with args: {} and {:?}", 5, "five");
     info!(answer = 42);
+    // A message that is not a string is still written without its name.
+    info!(message = 5);
+    info!(message = true);
+    warn!(a = 1, message = 2u64, b = 3);
     info!(message = "a message given as a str field", extra = true);
 
     // Every kind of value.
@@ -199,6 +203,8 @@ fn corpus() {
     let long_span = info_span!("long", path = long.as_str(), more = Empty);
     long_span.record("more", "then more");
     long_span.in_scope(|| info!("a span too long for the stack"));
+    let numbered = info_span!("numbered", message = 5, flag = false);
+    numbered.in_scope(|| info!("in a span whose message is a number"));
     let escaped = info_span!("escaped", value = "quote \" newline \n esc \u{1b}", n = 1.5);
     escaped.in_scope(|| info!("a span with escapes"));
     drop(_o);
@@ -320,4 +326,41 @@ fn the_timer_writes_rfc3339_with_microseconds() {
         }
     }
     assert!(out.as_str() > "2026-01-01", "{out}");
+}
+
+/// A value's `Debug` runs once per line, however long the fields are (a
+/// formatter that tried a short buffer first and then formatted again
+/// would run it twice).
+#[test]
+fn each_value_is_formatted_once() {
+    struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl fmt::Debug for Counted<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            f.write_str("counted")
+        }
+    }
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let long = "y".repeat(400);
+    let buf = Buf::default();
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .fmt_fields(TextFields)
+        .event_format(TextFormat::new(Fixed))
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let span = info_span!("s", long = long.as_str(), c = ?Counted(&calls));
+        span.in_scope(|| info!(long = long.as_str(), c = ?Counted(&calls), "long"));
+    });
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "{}",
+        buf.text()
+    );
+    assert!(buf
+        .text()
+        .contains(&format!("s{{long=\"{long}\" c=counted}}")));
 }

@@ -16,6 +16,14 @@
 //! a contract (log pipelines parse it), so nothing of it changes: the tests
 //! format the same events both ways and compare the bytes. Records from
 //! the `log` crate are handed to tracing-subscriber's own format.
+//!
+//! Where this writes other bytes, on purpose, it is where that format
+//! loses data, and lockstep logs neither: a float recorded on a span is
+//! written as recorded (that format reads it back through serde_json's
+//! default parser, which can be one unit off in the last digit), a span
+//! field recorded after one whose name needs escaping is kept (that
+//! format drops it), and a value whose `Debug` fails leaves the field or
+//! line out (that format panics).
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};

@@ -13,8 +13,7 @@
 //! a contract (operators parse it), so nothing of it changes: the tests
 //! format the same events both ways and compare the bytes. What is rare or
 //! intricate is handed to tracing-subscriber's own code: colours (stderr is
-//! a terminal), records from the `log` crate, errors with sources, `r#`
-//! names.
+//! a terminal), records from the `log` crate, error values, `r#` names.
 
 use std::fmt::{self, Write as _};
 
@@ -36,15 +35,14 @@ pub struct TextFields;
 
 impl<'w> FormatFields<'w> for TextFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
-        // A span's fields go to a string of their own: written on the stack
-        // first, it is allocated once at its size instead of grown a few
-        // bytes at a time. (A writer with other settings than a new one's,
-        // or fields too long for the stack, are written straight.)
+        // A span's fields go to a string of their own: gathered on the
+        // stack first (on the heap past 256 bytes), it is allocated once at
+        // its size instead of grown a few bytes at a time. A writer with
+        // other settings than a new one's gets the fields straight.
         if writer.sanitizes_ansi_escapes() && !writer.has_ansi_escapes() {
-            let mut stack = StackText::default();
-            if record(Writer::new(&mut stack), &fields).is_ok() {
-                return writer.write_str(stack.as_str());
-            }
+            let mut gathered = Gathered::default();
+            record(Writer::new(&mut gathered), &fields)?;
+            return writer.write_str(gathered.as_str());
         }
         record(writer, &fields)
     }
@@ -60,34 +58,50 @@ fn record<R: RecordFields>(writer: Writer<'_>, fields: &R) -> fmt::Result {
     visitor.result
 }
 
-/// Text on the stack, up to 256 bytes; writing past that fails.
-struct StackText {
-    bytes: [u8; 256],
+/// Text gathered on the stack, moved to the heap once it outgrows 256
+/// bytes.
+struct Gathered {
+    stack: [u8; 256],
     len: usize,
+    heap: Option<String>,
 }
 
-impl Default for StackText {
+impl Default for Gathered {
     fn default() -> Self {
-        StackText {
-            bytes: [0; 256],
+        Gathered {
+            stack: [0; 256],
             len: 0,
+            heap: None,
         }
     }
 }
 
-impl StackText {
+impl Gathered {
     fn as_str(&self) -> &str {
-        // Only whole `str`s are ever copied in.
-        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+        match &self.heap {
+            Some(heap) => heap,
+            // Only whole `str`s are ever copied in.
+            None => std::str::from_utf8(&self.stack[..self.len]).unwrap_or_default(),
+        }
     }
 }
 
-impl fmt::Write for StackText {
+impl fmt::Write for Gathered {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        if let Some(heap) = &mut self.heap {
+            heap.push_str(s);
+            return Ok(());
+        }
         let end = self.len + s.len();
-        let slot = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
-        slot.copy_from_slice(s.as_bytes());
-        self.len = end;
+        if let Some(slot) = self.stack.get_mut(self.len..end) {
+            slot.copy_from_slice(s.as_bytes());
+            self.len = end;
+        } else {
+            let mut heap = String::with_capacity(end * 2);
+            heap.push_str(self.as_str());
+            heap.push_str(s);
+            self.heap = Some(heap);
+        }
         Ok(())
     }
 }
@@ -178,6 +192,9 @@ impl Visit for TextVisitor<'_> {
         if !self.writes(field) {
             return self.delegate(field, |v| v.record_i64(field, value));
         }
+        if field.name() == "message" {
+            return self.record(|v| v.message(&value));
+        }
         self.record(|v| {
             v.name(field)?;
             v.writer.write_str(itoa::Buffer::new().format(value))
@@ -188,6 +205,9 @@ impl Visit for TextVisitor<'_> {
         if !self.writes(field) {
             return self.delegate(field, |v| v.record_u64(field, value));
         }
+        if field.name() == "message" {
+            return self.record(|v| v.message(&value));
+        }
         self.record(|v| {
             v.name(field)?;
             v.writer.write_str(itoa::Buffer::new().format(value))
@@ -197,6 +217,9 @@ impl Visit for TextVisitor<'_> {
     fn record_bool(&mut self, field: &Field, value: bool) {
         if !self.writes(field) {
             return self.delegate(field, |v| v.record_bool(field, value));
+        }
+        if field.name() == "message" {
+            return self.record(|v| v.message(&value));
         }
         self.record(|v| {
             v.name(field)?;
