@@ -145,6 +145,48 @@ async fn if_none_match_with_the_current_version_gets_304_without_forwarding_the_
     }
 }
 
+/// A 304 stands in for the backend's 200, whose body lockstep throws away:
+/// read to its end, the backend connection goes back to the pool. (Dropped
+/// unread, it had to close, and every revalidation cost a new backend
+/// connection.)
+#[tokio::test]
+async fn revalidations_keep_reusing_the_backend_connection() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/r", json!({"title": "kept"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/r");
+
+    assert_eq!(client.get(&url).send().await.status, 200);
+    for _ in 0..6 {
+        let resp = client
+            .get(&url)
+            .header("if-none-match", "\"1\"")
+            .send()
+            .await;
+        assert_eq!(resp.status, 304, "{resp:?}");
+    }
+    assert_eq!(client.get(&url).send().await.status, 200);
+
+    let gets: Vec<_> = backend
+        .log_for("/articles/r")
+        .await
+        .into_iter()
+        .filter(|e| e["method"] == "GET")
+        .collect();
+    assert_eq!(gets.len(), 8, "{gets:?}");
+    let mut connections: Vec<u64> = gets
+        .iter()
+        .map(|e| e["connection"].as_u64().unwrap())
+        .collect();
+    connections.dedup();
+    // One per proxy worker at most (each keeps its own pool).
+    assert!(
+        connections.len() <= 2,
+        "the backend saw the reads on connections {connections:?}"
+    );
+}
+
 #[tokio::test]
 async fn if_none_match_with_another_version_gets_200_and_the_body() {
     let backend = Backend::start();

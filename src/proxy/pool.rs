@@ -436,6 +436,18 @@ impl GiveBack {
     }
 }
 
+/// A body lockstep does not pass on (a 304 answered in place of the 200)
+/// is read to its end and thrown away when the backend declared it at most
+/// this long, so that its connection goes back to the pool: otherwise every
+/// revalidation a client makes would cost a new backend connection, with
+/// its handshake and a socket left in TIME_WAIT. A longer body, or one of
+/// unknown length, closes the connection instead, as reading it would cost
+/// more.
+const DISCARD_MAX: u64 = READ_BUFFER_MAX as u64;
+/// How long such a body may take to arrive before the connection is
+/// closed instead (it is normally in the same packets as the head).
+const DISCARD_WAIT: Duration = Duration::from_millis(100);
+
 /// A response body from the backend that gives its connection back to the
 /// pool once it has been read to its end. Dropped before that, or failed,
 /// it closes the connection instead: a half-read response cannot be
@@ -467,6 +479,22 @@ impl PooledBody {
         if let Some(back) = self.back.take() {
             back.give_back();
         }
+    }
+
+    /// Throws the body away, giving its connection back to the pool when
+    /// the rest of it is short and arrives at once (see [`DISCARD_MAX`]),
+    /// closing it otherwise.
+    pub async fn discard(mut self) {
+        let short = http_body::Body::size_hint(&self.inner)
+            .exact()
+            .is_some_and(|n| n <= DISCARD_MAX);
+        if self.back.is_none() || !short {
+            return;
+        }
+        let _ = tokio::time::timeout(DISCARD_WAIT, async {
+            while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut self).await {}
+        })
+        .await;
     }
 }
 

@@ -201,7 +201,7 @@ impl Versioning {
             let resp = Response::from_parts(parts, incoming);
             if precondition::if_none_match_hits(inm, seen) {
                 return Ok((
-                    super::not_modified(resp, seen),
+                    super::not_modified(resp, seen).await,
                     outcome(seen, "not-modified"),
                 ));
             }

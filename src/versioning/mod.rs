@@ -436,7 +436,7 @@ impl Versioning {
                 .at(version);
         }
         if precondition::if_none_match_hits(&inm_headers, version) {
-            return Ok((not_modified(resp, version), outcome("not-modified")));
+            return Ok((not_modified(resp, version).await, outcome("not-modified")));
         }
         let resp = self
             .stamp(resp, version, is_head, Some(key))
@@ -1295,9 +1295,12 @@ fn passthrough_response(resp: Response<PooledBody>, head: bool) -> Response<Body
 }
 
 /// 304 for a matching `If-None-Match`: validators and caching headers of
-/// the 200 it stands for, no body (RFC 9110 §15.4.5).
-fn not_modified(resp: Response<PooledBody>, version: i64) -> Response<Body> {
-    not_modified_from(resp.headers(), version)
+/// the 200 it stands for, no body (RFC 9110 §15.4.5). The 200's body is
+/// thrown away, its connection kept for reuse when it is short.
+async fn not_modified(resp: Response<PooledBody>, version: i64) -> Response<Body> {
+    let (parts, body) = resp.into_parts();
+    body.discard().await;
+    not_modified_from(&parts.headers, version)
 }
 
 /// [`not_modified`] from the 200's headers.
