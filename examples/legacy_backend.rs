@@ -36,6 +36,8 @@
 //!   names a tag other than the item's own.
 //! * `PUT`: replace with the body (a JSON object, else 400; whatever its
 //!   `Content-Type`, and past a UTF-8 byte order mark); 200 + stored object.
+//!   With `If-None-Match: *` (create only), `PUT` and `PATCH` to an item
+//!   that exists get 412 `{"error":"exists"}`, store untouched.
 //! * `PATCH`: shallow-merge the body's top-level fields (creating the item if
 //!   absent); 200 + stored object.
 //! * `DELETE`: 204 if the item existed, 404 if not.
@@ -805,6 +807,18 @@ fn route(shared: &Shared, parts: &Parts, body: &Bytes) -> Response<RespBody> {
                 }
                 None => not_found(),
             }
+        }
+        // Create only: `If-None-Match: *` on a write to an item that exists
+        // (RFC 9110 §13.1.2), as stores with conditional creates honour it.
+        Method::PUT | Method::PATCH
+            if state.store.contains_key(trimmed)
+                && parts
+                    .headers
+                    .get_all(http::header::IF_NONE_MATCH)
+                    .iter()
+                    .any(|v| v.as_bytes().trim_ascii() == b"*") =>
+        {
+            json_response(StatusCode::PRECONDITION_FAILED, &json!({"error": "exists"}))
         }
         Method::PUT => match parse_object(body) {
             Ok(object) => {

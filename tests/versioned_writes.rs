@@ -441,6 +441,106 @@ async fn a_write_without_precondition_is_forwarded_and_bumps() {
     assert_eq!(read_version(&client, &lockstep, "/articles/u").await, 3);
 }
 
+/// `If-None-Match: *` asks for a create only if the item is absent, which
+/// only the backend can tell: on a write that names no version it is
+/// forwarded, and the backend's 412 changes nothing. On a checked write the
+/// version is the condition, and the header is removed.
+#[tokio::test]
+async fn a_create_only_write_is_forwarded_with_if_none_match_star_and_its_412_changes_nothing() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/c");
+
+    let created = client
+        .put(&url, json!({"by": "first"}))
+        .header("if-none-match", "*")
+        .send()
+        .await;
+    assert_eq!(created.status, 200, "{created:?}");
+    assert_eq!(created.etag().as_deref(), Some("\"2\""));
+
+    let again = client
+        .put(&url, json!({"by": "second"}))
+        .header("if-none-match", "*")
+        .send()
+        .await;
+    assert_eq!(
+        again.status, 412,
+        "the backend's refusal, passed on: {again:?}"
+    );
+    assert_eq!(
+        backend.stored("/articles/c").await,
+        Some(json!({"by": "first"})),
+        "a create-only write overwrote the item"
+    );
+    assert_eq!(read_version(&client, &lockstep, "/articles/c").await, 2);
+
+    let puts = received(&backend, "PUT", "/articles/c").await;
+    assert_eq!(puts.len(), 2, "{puts:?}");
+    for put in &puts {
+        assert_eq!(logged_header(put, "if-none-match"), ["*"], "{put}");
+    }
+
+    // A checked write: its version is the condition, If-None-Match goes.
+    let checked = client
+        .put(&url, json!({"by": "checked"}))
+        .if_match(2)
+        .header("if-none-match", "*")
+        .send()
+        .await;
+    assert_eq!(checked.status, 200, "{checked:?}");
+    assert_eq!(checked.etag().as_deref(), Some("\"3\""));
+    let puts = received(&backend, "PUT", "/articles/c").await;
+    assert!(
+        logged_header(&puts[2], "if-none-match").is_empty(),
+        "{}",
+        puts[2]
+    );
+}
+
+/// Many clients create one item at once, each only if it is absent: one
+/// wins, every other gets the backend's 412, and the item holds the
+/// winner's body (before, lockstep removed the header and the last writer
+/// silently replaced the first).
+#[tokio::test]
+async fn concurrent_create_only_writes_leave_exactly_one_winner() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let url = lockstep.proxy_url_for("/articles/race");
+
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            // Slow writes, so the others arrive while one is in flight.
+            let resp = Client::new()
+                .put(&url, json!({ "by": i }))
+                .header("if-none-match", "*")
+                .header("x-backend-delay-ms", "30")
+                .send()
+                .await;
+            (i, resp.status)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (i, status) = task.await.unwrap();
+        match status {
+            200 => winners.push(i),
+            412 => {}
+            other => panic!("client {i} got {other}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "winners: {winners:?}");
+    assert_eq!(
+        backend.stored("/articles/race").await,
+        Some(json!({ "by": winners[0] }))
+    );
+    let client = Client::new();
+    assert_eq!(read_version(&client, &lockstep, "/articles/race").await, 2);
+}
+
 #[tokio::test]
 async fn a_write_to_a_never_seen_key_starts_from_version_1() {
     let backend = Backend::start();

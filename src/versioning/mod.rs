@@ -562,8 +562,18 @@ impl Versioning {
             self.metrics.conflict(ConflictReason::PreconditionRequired);
             return Err(Error::PreconditionRequired);
         }
-        for h in [header::IF_MATCH, header::IF_NONE_MATCH] {
-            parts.headers.remove(h);
+        // `If-None-Match: *` on a write that names no version is a create
+        // only if absent: whether the item exists only the backend knows
+        // (the version table also keeps keys of deleted items), so it is
+        // forwarded, and a backend that honours it refuses with 412 (a 4xx:
+        // nothing changes). Entity tags are lockstep's versions, which mean
+        // nothing to the backend, and on a checked write the version is the
+        // condition: removed.
+        let create_only =
+            expected == Expected::Unchecked && precondition::if_none_match_is_any(&parts.headers);
+        parts.headers.remove(header::IF_MATCH);
+        if !create_only {
+            parts.headers.remove(header::IF_NONE_MATCH);
         }
         parts.headers.remove(header::TRANSFER_ENCODING);
         let forward_len: usize = forward_body.iter().map(Bytes::len).sum();

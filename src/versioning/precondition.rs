@@ -233,6 +233,15 @@ pub fn if_none_match_names(headers: &HeaderMap, version: i64) -> bool {
     }
 }
 
+/// Is `If-None-Match` exactly `*`: "only if no current representation
+/// exists", a create-only write (RFC 9110 §13.1.2)?
+pub fn if_none_match_is_any(headers: &HeaderMap) -> bool {
+    matches!(
+        parse_tag_header(headers, &IF_NONE_MATCH),
+        Ok(Some(TagList::Any))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
