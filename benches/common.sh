@@ -5,7 +5,8 @@
 # building and finding the lockstep binary, the temp dir with its EXIT cleanup
 # of the servers started, starting servers (nginx_conf, nginx_upstream,
 # nginx_proxy_server, start, free_ports,
-# wait_http, start_lockstep, stop_lockstep, restart_lockstep), the lock API
+# wait_http, lockstep_conf_head, start_lockstep, stop_lockstep,
+# restart_lockstep), the lock API
 # sanity check, report notes, the idle-CPU probe, and the small number and
 # output parsers (kv, num, ratio, verdict, wrk_sockerr). What only one script
 # needs stays in that script.
@@ -196,6 +197,25 @@ wait_http() {
     done
     tail -20 "$TMP/$name.log" >&2 || true
     die "$name not ready at $url after 30 s"
+}
+
+# lockstep_conf_head DATABASE_URL: the [server], [upstream] and [database]
+# sections every benchmark's lockstep.toml starts with (listeners on
+# P_LOCKSTEP and P_ADMIN, the backend on P_BACKEND), on stdout; the script
+# adds its own [log] and [[resources]].
+lockstep_conf_head() {
+    cat <<EOF
+[server]
+listen = "127.0.0.1:$P_LOCKSTEP"
+admin_listen = "127.0.0.1:$P_ADMIN"
+drain_timeout_ms = 2000
+
+[upstream]
+url = "http://127.0.0.1:$P_BACKEND"
+
+[database]
+url = "$1"
+EOF
 }
 
 # start_lockstep: checks and serves $TMP/lockstep.toml, sets LOCKSTEP_PID and

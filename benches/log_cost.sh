@@ -89,17 +89,9 @@ wait_http nginx-proxy "$PROXY_SID" "http://127.0.0.1:$P_PROXY_LOG/x"
 
 # lockstep_conf LOG_LINES: lockstep.toml with [log] set to LOG_LINES.
 lockstep_conf() {
-    cat >"$TMP/lockstep.toml" <<EOF
-[server]
-listen = "127.0.0.1:$P_LOCKSTEP"
-admin_listen = "127.0.0.1:$P_ADMIN"
-drain_timeout_ms = 2000
-
-[upstream]
-url = "http://127.0.0.1:$P_BACKEND"
-
-[database]
-url = "sqlite://$TMP/bench.db"
+    {
+        lockstep_conf_head "sqlite://$TMP/bench.db"
+        cat <<EOF
 
 [log]
 $1
@@ -107,6 +99,7 @@ $1
 [[resources]]
 pattern = "/articles/{id}"
 EOF
+    } >"$TMP/lockstep.toml"
 }
 
 

@@ -165,17 +165,9 @@ log "starting nginx backend on :$P_BACKEND"
 start nginx-backend nginx -e "$TMP/nginx-backend/error.log" -p "$TMP/nginx-backend" -c "$TMP/nginx-backend/nginx.conf"
 wait_http nginx-backend "$LAST_PID" "http://127.0.0.1:$P_BACKEND/"
 
-cat >"$TMP/lockstep.toml" <<EOF
-[server]
-listen = "127.0.0.1:$P_LOCKSTEP"
-admin_listen = "127.0.0.1:$P_ADMIN"
-drain_timeout_ms = 2000
-
-[upstream]
-url = "http://127.0.0.1:$P_BACKEND"
-
-[database]
-url = "postgres://postgres@127.0.0.1:$P_PG/bench"
+{
+    lockstep_conf_head "postgres://postgres@127.0.0.1:$P_PG/bench"
+    cat <<EOF
 
 [log]
 level = "warn"
@@ -183,6 +175,7 @@ level = "warn"
 [[resources]]
 pattern = "/items/{id}"
 EOF
+} >"$TMP/lockstep.toml"
 
 log "starting lockstep on :$P_LOCKSTEP (admin :$P_ADMIN), database postgres://…:$P_PG/bench"
 start_lockstep

@@ -148,17 +148,9 @@ EOF
     nginx_proxy_server "$P_PROXY"
 } | nginx_conf nginx-proxy
 
-cat >"$TMP/lockstep.toml" <<EOF
-[server]
-listen = "127.0.0.1:$P_LOCKSTEP"
-admin_listen = "127.0.0.1:$P_ADMIN"
-drain_timeout_ms = 2000
-
-[upstream]
-url = "http://127.0.0.1:$P_BACKEND"
-
-[database]
-url = "sqlite://$TMP/bench.db"
+{
+    lockstep_conf_head "sqlite://$TMP/bench.db"
+    cat <<EOF
 
 [log]
 level = "warn"
@@ -189,6 +181,7 @@ detect_drift = true
 pattern = "/cached/{id}"
 exclusive_writes = true
 EOF
+} >"$TMP/lockstep.toml"
 
 for name in nginx-backend nginx-proxy; do
     nginx -t -q -e "$TMP/$name/error.log" -p "$TMP/$name" -c "$TMP/$name/nginx.conf" 2>"$TMP/$name.check" ||
