@@ -155,6 +155,28 @@ impl TextVisitor<'_> {
         }
     }
 
+    /// A field written as its `{:?}` is (a number, a boolean, any
+    /// `Debug`): `name=` and `text`, or, for the message, the value alone;
+    /// `delegate` where this visitor does not write the field.
+    fn plain(
+        &mut self,
+        field: &Field,
+        value: &dyn fmt::Debug,
+        text: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
+        delegate: impl FnOnce(&mut DefaultVisitor<'_>),
+    ) {
+        if !self.writes(field) {
+            return self.delegate(field, delegate);
+        }
+        if field.name() == "message" {
+            return self.record(|v| v.message(value));
+        }
+        self.record(|v| {
+            v.name(field)?;
+            text(&mut v.writer)
+        });
+    }
+
     /// The message, unquoted, with terminal control characters escaped
     /// when the writer asks for it (tracing-subscriber's default).
     fn message(&mut self, value: &dyn fmt::Debug) -> fmt::Result {
@@ -189,42 +211,30 @@ impl Visit for TextVisitor<'_> {
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if !self.writes(field) {
-            return self.delegate(field, |v| v.record_i64(field, value));
-        }
-        if field.name() == "message" {
-            return self.record(|v| v.message(&value));
-        }
-        self.record(|v| {
-            v.name(field)?;
-            v.writer.write_str(itoa::Buffer::new().format(value))
-        });
+        self.plain(
+            field,
+            &value,
+            |w| w.write_str(itoa::Buffer::new().format(value)),
+            |v| v.record_i64(field, value),
+        );
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if !self.writes(field) {
-            return self.delegate(field, |v| v.record_u64(field, value));
-        }
-        if field.name() == "message" {
-            return self.record(|v| v.message(&value));
-        }
-        self.record(|v| {
-            v.name(field)?;
-            v.writer.write_str(itoa::Buffer::new().format(value))
-        });
+        self.plain(
+            field,
+            &value,
+            |w| w.write_str(itoa::Buffer::new().format(value)),
+            |v| v.record_u64(field, value),
+        );
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if !self.writes(field) {
-            return self.delegate(field, |v| v.record_bool(field, value));
-        }
-        if field.name() == "message" {
-            return self.record(|v| v.message(&value));
-        }
-        self.record(|v| {
-            v.name(field)?;
-            v.writer.write_str(if value { "true" } else { "false" })
-        });
+        self.plain(
+            field,
+            &value,
+            |w| w.write_str(if value { "true" } else { "false" }),
+            |v| v.record_bool(field, value),
+        );
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
@@ -232,16 +242,12 @@ impl Visit for TextVisitor<'_> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if !self.writes(field) {
-            return self.delegate(field, |v| v.record_debug(field, value));
-        }
-        if field.name() == "message" {
-            return self.record(|v| v.message(value));
-        }
-        self.record(|v| {
-            v.name(field)?;
-            write!(v.writer, "{value:?}")
-        });
+        self.plain(
+            field,
+            value,
+            |w| write!(w, "{value:?}"),
+            |v| v.record_debug(field, value),
+        );
     }
 }
 
