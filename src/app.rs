@@ -184,7 +184,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
     };
     let stop = CancellationToken::new();
     let worker_count = match c.server.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => server::default_workers(std::thread::available_parallelism().map_or(1, |n| n.get())),
         n => n,
     };
     let workers = server::spawn_workers(

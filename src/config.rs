@@ -51,7 +51,8 @@ pub struct ServerConfig {
     pub header_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
-    /// Proxy worker threads; 0 means one per core.
+    /// Proxy worker threads; 0 means half the CPUs, at least one
+    /// (`server::default_workers`).
     pub workers: usize,
     /// PEM certificate chain and key: set both to serve the proxy listener
     /// over TLS.
