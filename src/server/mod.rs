@@ -197,10 +197,10 @@ async fn serve_connection<I, S>(
 /// Why not one per CPU: lockstep is a sidecar, and the CPUs it sees are
 /// shared with the backend it fronts (and, in the benchmarks, with the load
 /// generator). Measured on 2 shared CPUs (`docs/performance.md`), a second
-/// worker did not add throughput: it was preempted about five times as
-/// often (0.74 against 0.15 involuntary context switches per request), and
-/// every request cost 22-29 µs of CPU instead of 20-23 µs, for the small
-/// passthrough, the versioned read and the 64 KiB reads alike. A worker
+/// worker added no throughput beyond the noise: it was preempted about five
+/// times as often (0.65-0.85 context switches per request against
+/// 0.07-0.18), and every small passthrough request cost 24-30 µs of CPU
+/// instead of 20-23 µs (versioned and 64 KiB reads alike). A worker
 /// per CPU pair leaves the rest to the backend, as sidecar proxies commonly
 /// do (Linkerd's proxy takes one core by default, Istio's two workers);
 /// `server.workers` sets any other number.
