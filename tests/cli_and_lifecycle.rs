@@ -337,15 +337,46 @@ async fn healthz_and_readyz_answer_200() {
     assert_problem(&proxied, 502, "bad-gateway");
 }
 
+/// `server.workers = 0` (the default) starts one proxy worker per two CPUs
+/// the process may use, at least one, and says how many it started.
+#[tokio::test]
+async fn the_default_proxy_workers_are_half_the_cpus() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = (cpus / 2).max(1) as u64;
+    let lockstep = Lockstep::builder().start();
+    let line = lockstep
+        .wait_for_log(Duration::from_secs(2), |l| {
+            l["fields"]["message"] == "listening"
+        })
+        .await;
+    assert_eq!(line["fields"]["workers"], expected, "{cpus} CPUs: {line}");
+}
+
 // ------------------------------------------------------------------ signals
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
+    in_flight_requests_finish_after_sigterm("drain_timeout_ms = 5000").await;
+}
+
+/// The same with several proxy workers (the default starts one on two
+/// CPUs): the workers that have nothing in flight drain at once, and must
+/// keep their runtimes, which drive database connections of the shared
+/// pool, until the busy ones are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_proxy_worker_and_exits_0() {
+    in_flight_requests_finish_after_sigterm("drain_timeout_ms = 5000\nworkers = 3").await;
+}
+
+/// A slow versioned write and a slow read are in flight when SIGTERM
+/// comes: new connections are refused at once, both requests finish, and
+/// lockstep exits 0 with their access lines and its last line written.
+async fn in_flight_requests_finish_after_sigterm(server_toml: &str) {
     let backend = Backend::start();
     seed(&backend, "/articles/slow", json!({"title": "a"})).await;
     let mut lockstep = Lockstep::builder()
         .upstream(backend.url())
-        .server_toml("drain_timeout_ms = 5000")
+        .server_toml(server_toml)
         .start();
     let client = Client::new();
     let proxy = lockstep.proxy_addr();

@@ -9,7 +9,7 @@ mod versioned_support;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, Backend, Client, Lockstep};
+use common::{eventually, Backend, Client, Lockstep, LockstepBuilder};
 use serde_json::json;
 use versioned_support::{assert_conflict, counter_clients, read_version, received, seed};
 
@@ -204,11 +204,34 @@ async fn writes_to_different_keys_are_not_serialised() {
 /// counter below the number of successful PATCHes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn no_update_is_lost_under_16_concurrent_read_modify_write_clients() {
+    no_update_is_lost_under_16_clients(Lockstep::builder(), None).await;
+}
+
+/// The same with four proxy workers, each with its own event loop and
+/// upstream pool, sharing one store: the 16 clients' connections are
+/// accepted by whichever worker is free, so their writes race across
+/// threads, not only within one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn no_update_is_lost_under_16_clients_spread_over_four_proxy_workers() {
+    no_update_is_lost_under_16_clients(Lockstep::builder().server_toml("workers = 4"), Some(4))
+        .await;
+}
+
+/// `workers`: how many proxy workers lockstep must say it started, when
+/// the test asks for a number.
+async fn no_update_is_lost_under_16_clients(builder: LockstepBuilder, workers: Option<u64>) {
     const CLIENTS: u64 = 16;
     const INCREMENTS: u64 = 5;
     const MAX_TRIES: u64 = 200;
     let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
+    let lockstep = builder.upstream(backend.url()).start();
+    if let Some(n) = workers {
+        lockstep
+            .wait_for_log(Duration::from_secs(2), |l| {
+                l["fields"]["message"] == "listening" && l["fields"]["workers"] == n
+            })
+            .await;
+    }
     let client = Client::new();
     let url = lockstep.proxy_url_for("/counters/c1");
 
