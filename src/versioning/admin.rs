@@ -129,7 +129,7 @@ impl Versioning {
     }
 
     async fn bump_one(&self, key: &str) -> Result<Response<Body>> {
-        let lease_id = uuid::Uuid::new_v4().to_string();
+        let lease_id = super::lease_id::next();
         let (held, _) = self
             .claim(key, &Expected::Unchecked, &lease_id, None)
             .await

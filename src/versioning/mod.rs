@@ -46,6 +46,7 @@ pub mod coding;
 pub mod detect;
 pub mod drift;
 pub mod fence;
+pub mod lease_id;
 pub mod method;
 pub mod metrics;
 pub mod plan_cache;
@@ -598,7 +599,7 @@ impl Versioning {
         fence: Option<Fence>,
         fwd: Request<Body>,
     ) -> Answer {
-        let lease_id = uuid::Uuid::new_v4().to_string();
+        let lease_id = lease_id::next();
         let (held, claimed_from) = self
             .claim(&key, &expected, &lease_id, fence.as_ref())
             .await?;
