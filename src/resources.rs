@@ -614,8 +614,10 @@ impl Pattern {
     /// in the configured spelling, `{name}` segments as sent (folded to
     /// lowercase in the key when the entry asks for it).
     fn named(&self, segments: &[String]) -> Named {
-        let mut key = String::new();
-        let mut path = String::new();
+        // Sized up front: growing them was a reallocation each per request.
+        let len = segments.iter().map(|s| s.len() + 1).sum::<usize>();
+        let mut key = String::with_capacity(len);
+        let mut path = String::with_capacity(len + len / 2);
         let mut values: Vec<(&str, Cow<'_, str>)> = Vec::new();
         for (part, seg) in self.parts.iter().zip(segments) {
             let (in_key, in_path): (Cow<'_, str>, &str) = match part {

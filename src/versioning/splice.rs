@@ -772,17 +772,24 @@ impl StampPlan {
         if field.is_empty() {
             return None;
         }
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(version);
         let edits: Vec<(Range<usize>, Bytes)> = if self.values.is_empty() {
             let name = serde_json::to_string(field).ok()?;
-            match self.last_value_end {
-                Some(end) => vec![(end..end, Bytes::from(format!(",{name}:{version}")))],
-                None => vec![(
-                    self.open + 1..self.open + 1,
-                    Bytes::from(format!("{name}:{version}")),
-                )],
-            }
+            let mut member = String::with_capacity(name.len() + digits.len() + 2);
+            let at = match self.last_value_end {
+                Some(end) => {
+                    member.push(',');
+                    end
+                }
+                None => self.open + 1,
+            };
+            member.push_str(&name);
+            member.push(':');
+            member.push_str(digits);
+            vec![(at..at, Bytes::from(member))]
         } else {
-            let number = Bytes::from(version.to_string());
+            let number = Bytes::copy_from_slice(digits.as_bytes());
             self.values
                 .iter()
                 .map(|r| (r.clone(), number.clone()))

@@ -19,16 +19,23 @@ pub fn is_json(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let Some((kind, subtype)) = essence.split_once('/') else {
+    // Compared without regard to case in place, and cut by byte search:
+    // no lowercase copy of the header per message, and no `char` pattern
+    // search (this runs on every versioned read and write).
+    let end = ct.bytes().position(|b| b == b';').unwrap_or(ct.len());
+    let essence = ct[..end].trim();
+    let Some(slash) = essence.bytes().position(|b| b == b'/') else {
         return false;
     };
-    !kind.is_empty() && (subtype == "json" || subtype == "x-json" || subtype.ends_with("+json"))
+    let (kind, subtype) = (&essence[..slash], &essence[slash + 1..]);
+    let suffix = subtype
+        .len()
+        .checked_sub("+json".len())
+        .and_then(|i| subtype.get(i..));
+    !kind.is_empty()
+        && (subtype.eq_ignore_ascii_case("json")
+            || subtype.eq_ignore_ascii_case("x-json")
+            || suffix.is_some_and(|s| s.eq_ignore_ascii_case("+json")))
 }
 
 /// Headers whose value is a digest of the body (RFC 9530 `Content-Digest`
@@ -38,9 +45,18 @@ const BODY_DIGESTS: [&str; 4] = ["content-digest", "repr-digest", "digest", "con
 /// Removes the body digests from a message whose body lockstep changed
 /// (the version member stamped in or taken out): they would no longer
 /// match, and a receiver that checks them would refuse the message.
+///
+/// One pass over the names present first: most messages carry none, and
+/// looking each of the four up by name cost more than the rest of the
+/// stamping's header work.
 pub fn drop_body_digests(headers: &mut HeaderMap) {
-    for name in BODY_DIGESTS {
-        headers.remove(name);
+    let present = headers
+        .keys()
+        .any(|name| BODY_DIGESTS.contains(&name.as_str()));
+    if present {
+        for name in BODY_DIGESTS {
+            headers.remove(name);
+        }
     }
 }
 
@@ -243,6 +259,28 @@ mod tests {
         assert!(!h("application/json-seq"));
         assert!(!h("json"));
         assert!(!h("/json"));
+        assert!(!h("application/+jsonx"));
+        assert!(!h("application/jso"));
         assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn body_digests_go_and_the_other_headers_stay() {
+        let mut m = HeaderMap::new();
+        m.insert(CONTENT_TYPE, "application/json".parse().unwrap());
+        m.insert("content-digest", "sha-256=:x:".parse().unwrap());
+        m.append("digest", "md5=a".parse().unwrap());
+        m.append("digest", "sha=b".parse().unwrap());
+        m.insert("content-md5", "y".parse().unwrap());
+        m.insert("repr-digest", "sha-256=:z:".parse().unwrap());
+        drop_body_digests(&mut m);
+        assert_eq!(m.len(), 1);
+        assert!(m.contains_key(CONTENT_TYPE));
+
+        let mut untouched = HeaderMap::new();
+        untouched.insert(CONTENT_TYPE, "application/json".parse().unwrap());
+        untouched.insert("want-content-digest", "sha-256=1".parse().unwrap());
+        drop_body_digests(&mut untouched);
+        assert_eq!(untouched.len(), 2);
     }
 }
