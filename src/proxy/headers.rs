@@ -38,7 +38,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // `Connection` is the first of the seven. The tokens it lists that are
     // hop-by-hop anyway (`keep-alive`) need no second removal.
-    let named: Vec<HeaderName> = if present[0] {
+    // `Connection: keep-alive` alone, what most backends send on every
+    // answer, names nothing more: no token parsing for it.
+    let only_keep_alive = || {
+        headers.get_all(header::CONNECTION).iter().all(|v| {
+            v.as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"keep-alive")
+        })
+    };
+    let named: Vec<HeaderName> = if present[0] && !only_keep_alive() {
         headers
             .get_all(header::CONNECTION)
             .iter()
@@ -212,6 +221,23 @@ mod tests {
         h.insert("connection", "Close, Keep-Alive".parse().unwrap());
         h.insert("close", "1".parse().unwrap());
         h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("x-keep", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+
+        // A second `Connection` line still names its headers when the
+        // first is a bare `keep-alive`; a bare one alone names none.
+        let mut h = HeaderMap::new();
+        h.append("connection", " Keep-Alive ".parse().unwrap());
+        h.append("connection", "x-secret".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("x-keep", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive".parse().unwrap());
         h.insert("x-keep", "1".parse().unwrap());
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
