@@ -24,10 +24,12 @@
 //! * The ground floor: [`config`] (the typed settings every part receives,
 //!   durations as `Duration`s), [`auth`] (bearer tokens of the lock and
 //!   version APIs), [`store`], [`body`], [`names`], [`error`],
-//!   [`resources`], [`metrics`], [`timefmt`], [`tls`]. Within it, `config`
+//!   [`resources`], [`metrics`], [`timefmt`], [`etag`], [`hex`], [`tls`].
+//!   Within it, `config`
 //!   uses `resources`, `store` and `tls`; `auth`, `body`, `names` and
 //!   `store` use `error` (`store` also `metrics`); `error` uses `resources`;
-//!   `resources`, `metrics`, `timefmt` and `tls` use nothing of lockstep's.
+//!   `resources`, `metrics`, `timefmt`, `etag`, `hex` and `tls` use nothing
+//!   of lockstep's.
 //!   [`metrics`] holds the one registry; the wings, forwarding and the store
 //!   each register their own families in it.
 //!
@@ -41,6 +43,8 @@ pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod etag;
+pub mod hex;
 pub mod json_object;
 pub mod locks;
 pub mod metrics;

@@ -59,8 +59,8 @@ impl Problem {
             .ext("expires_at", json!(rfc3339_ms(held.expires_at_ms)))
     }
 
-    fn header(mut self, name: header::HeaderName, value: String) -> Self {
-        if let Ok(v) = HeaderValue::from_str(&value) {
+    fn header(mut self, name: header::HeaderName, value: impl TryInto<HeaderValue>) -> Self {
+        if let Ok(v) = value.try_into() {
             self.headers.push((name, v));
         }
         self
@@ -149,7 +149,7 @@ impl From<&Error> for Problem {
                 detail,
             )
             .ext("current_version", json!(current_version))
-            .header(header::ETAG, format!("\"{current_version}\"")),
+            .header(header::ETAG, crate::etag::of(*current_version)),
             // Not made 412 by `conflict_status`: it is about the lock, not
             // about the version the write expected.
             Error::StaleLockToken {

@@ -507,14 +507,7 @@ fn success_outcome(method: &Method) -> &'static str {
 /// logs and conflicts without handing anyone the secret that releases the
 /// lock (SHA-256 cannot be run backwards to the owner).
 pub fn owner_fingerprint(owner: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(owner.as_bytes());
-    let mut out = String::with_capacity(16);
-    for b in digest.iter().take(8) {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
+    crate::hex::of(&Sha256::digest(owner.as_bytes())[..8])
 }
 
 /// "fingerprint 0123456789abcdef, label \"report-worker\"" for details.

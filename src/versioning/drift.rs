@@ -79,7 +79,7 @@ pub fn scan_body(
         hasher = Sha256::new();
         piece(&mut hasher, b'W', chunks, 0..pieces_len(chunks));
     }
-    (plan, hex(&hasher.finalize()[..HASH_BYTES]))
+    (plan, crate::hex::of(&hasher.finalize()[..HASH_BYTES]))
 }
 
 /// Feeds one object member to the hasher: whole, skipped (an ignored
@@ -152,16 +152,6 @@ fn piece(hasher: &mut Sha256, tag: u8, chunks: &[Bytes], range: Range<usize>) {
 
 fn pieces_len(chunks: &[Bytes]) -> usize {
     chunks.iter().map(Bytes::len).sum()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// What the version table says about a body just read.
