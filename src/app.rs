@@ -227,6 +227,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             }
         }
     });
+    let heartbeat = tokio::spawn(server::timer_heartbeat(stop.clone()));
     let sweeper = tokio::spawn(locks::sweeper(
         lock_store,
         lock_settings,
@@ -258,7 +259,7 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             let _ = w.join();
         }
     });
-    let _ = tokio::join!(proxy, admin, sweeper, cert_watch, token_watch);
+    let _ = tokio::join!(proxy, admin, sweeper, cert_watch, token_watch, heartbeat);
     tracing::info!("stopped");
     Ok(())
 }
