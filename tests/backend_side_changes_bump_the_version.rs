@@ -31,7 +31,7 @@ db_tests!(
 replica_tests!(three_replicas_reading_one_drift_concurrently_bump_once);
 
 const DRIFT: &str = "[[resources]]\npattern = \"/articles/{id}\"\ndetect_drift = true\n\
-                     drift_ignore = [\"/updated_at\", \"/meta/seen\"]\n\
+                     drift_ignore = [\"/updated_at\", \"/meta/seen\", \"/lines/0/seen\"]\n\
                      [[resources]]\npattern = \"/plain/{id}\"\n";
 
 fn lockstep(db: &Db, backend: &Backend) -> LockstepBuilder {
@@ -130,7 +130,10 @@ async fn a_change_only_in_an_ignored_pointer_does_not_bump(kind: DbKind) {
     let backend = Backend::start();
     let ls = lockstep(&db, &backend).start();
     let c = Client::new();
-    let item = |updated: &str, seen: u64, other: &str| json!({"title": "t", "updated_at": updated, "meta": {"seen": seen, "other": other}});
+    let item = |updated: &str, seen: u64, other: &str| {
+        json!({"title": "t", "updated_at": updated, "meta": {"seen": seen, "other": other},
+               "lines": [{"seen": seen, "n": 1}, {"seen": 0, "n": 2}]})
+    };
     backend.seed("/articles/i", item("mon", 1, "x")).await;
     assert_eq!(read(&c, &ls, "/articles/i").await.0, 1);
     backend.seed("/articles/i", item("tue", 2, "x")).await;
@@ -138,9 +141,14 @@ async fn a_change_only_in_an_ignored_pointer_does_not_bump(kind: DbKind) {
     // A member next to an ignored one still counts.
     backend.seed("/articles/i", item("wed", 3, "y")).await;
     assert_eq!(read(&c, &ls, "/articles/i").await.0, 2);
+    // Through an array: only the element the pointer names by index.
+    let mut lines = item("wed", 3, "y");
+    lines["lines"][1]["seen"] = json!(7);
+    backend.seed("/articles/i", lines).await;
+    assert_eq!(read(&c, &ls, "/articles/i").await.0, 3, "element 1 counts");
     assert_eq!(
         counter(&ls, "lockstep_version_drift_bumps_total").await,
-        1.0
+        2.0
     );
 }
 

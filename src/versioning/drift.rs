@@ -106,24 +106,146 @@ fn member_hash(chunks: &[Bytes], m: &Member, ignore: &[&[String]], hasher: &mut 
             _ => {}
         }
     }
-    if deeper.is_empty() || m.kind != Kind::Object {
+    if deeper.is_empty() || container(m.kind).is_none() {
         piece(hasher, b'M', chunks, m.key_start..m.value_end);
         return;
     }
     piece(hasher, b'K', chunks, m.key_start..m.value_start);
     let value = splice::slices(chunks, m.value_start..m.value_end);
-    hasher.update(b"{");
-    // Valid already (the outer scan checked it); a failure would only mean
-    // this member is hashed whole.
+    nested_hash(&value, m.kind, &deeper, hasher);
+}
+
+/// `kind` when it holds other values (an object or an array), which a
+/// pointer can reach into.
+fn container(kind: Kind) -> Option<Kind> {
+    matches!(kind, Kind::Object | Kind::Array).then_some(kind)
+}
+
+/// Feeds an object or array value with what `pointers` name in it left
+/// out: its members (or elements) hashed one by one into a hash of their
+/// own, between brackets.
+fn nested_hash(value: &[Bytes], kind: Kind, pointers: &[&[String]], hasher: &mut Sha256) {
+    let (open, close) = if kind == Kind::Object {
+        (b"{", b"}")
+    } else {
+        (b"[", b"]")
+    };
+    hasher.update(open);
     let mut inner = Sha256::new();
-    let nested = splice::scan(&value, "", |inner_m| {
-        member_hash(&value, &inner_m, &deeper, &mut inner)
-    });
-    match nested {
-        Ok(_) => hasher.update(inner.finalize()),
-        Err(_) => piece(hasher, b'V', &value, 0..pieces_len(&value)),
+    // Valid already (the outer scan checked it); a failure would only mean
+    // this value is hashed whole.
+    let walked = if kind == Kind::Object {
+        splice::scan(value, "", |m| member_hash(value, &m, pointers, &mut inner)).is_ok()
+    } else {
+        elements_hash(&splice::concat(value), pointers, &mut inner)
+    };
+    if walked {
+        hasher.update(inner.finalize());
+    } else {
+        piece(hasher, b'V', value, 0..pieces_len(value));
     }
-    hasher.update(b"}");
+    hasher.update(close);
+}
+
+/// Feeds the elements of a JSON array one by one, leaving out those that
+/// `pointers` name by index (RFC 6901: decimal digits, no leading zero,
+/// so `01` and `-` name none) and the parts of those they reach into. An
+/// element left out still leaves a mark, so the ones after it keep their
+/// places. False when `array` is not an array (the caller hashes it whole).
+fn elements_hash(array: &Bytes, pointers: &[&[String]], hasher: &mut Sha256) -> bool {
+    let Some(elements) = element_ranges(array) else {
+        return false;
+    };
+    let mut index = itoa::Buffer::new();
+    for (i, range) in elements.into_iter().enumerate() {
+        let index = index.format(i);
+        let mut deeper: Vec<&[String]> = Vec::new();
+        let mut ignored = false;
+        for pointer in pointers {
+            if let Some((first, rest)) = pointer.split_first() {
+                if first == index {
+                    ignored |= rest.is_empty();
+                    deeper.push(rest);
+                }
+            }
+        }
+        let element = [array.slice(range)];
+        let kind = match element[0].first() {
+            Some(b'{') => Some(Kind::Object),
+            Some(b'[') => Some(Kind::Array),
+            _ => None,
+        };
+        match kind {
+            _ if ignored => hasher.update(b"I"),
+            Some(kind) if !deeper.is_empty() => {
+                hasher.update(b"N");
+                nested_hash(&element, kind, &deeper, hasher);
+            }
+            _ => piece(hasher, b'E', &element, 0..element[0].len()),
+        }
+    }
+    true
+}
+
+/// Where each element of a JSON array lies in `v`, its surrounding
+/// whitespace left out. `v` is valid JSON (an outer scan checked it), so
+/// counting brackets outside strings is enough; `None` when it is not an
+/// array after all.
+fn element_ranges(v: &[u8]) -> Option<Vec<Range<usize>>> {
+    let start = v.iter().position(|b| !is_space(*b))?;
+    let end = v.iter().rposition(|b| !is_space(*b))?;
+    if v[start] != b'[' || v[end] != b']' || end == start {
+        return None;
+    }
+    let mut out = Vec::new();
+    let (mut depth, mut in_string, mut escaped) = (0u32, false, false);
+    let mut from = start + 1;
+    for (i, &b) in v.iter().enumerate().take(end).skip(start + 1) {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth = depth.checked_sub(1)?,
+            b',' if depth == 0 => {
+                out.push(trimmed(v, from..i)?);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if in_string || depth != 0 {
+        return None;
+    }
+    match trimmed(v, from..end) {
+        Some(last) => out.push(last),
+        // `[]` has no element; `[1,]` is not JSON.
+        None if !out.is_empty() => return None,
+        None => {}
+    }
+    Some(out)
+}
+
+/// `range` of `v` less JSON whitespace at both ends; `None` when nothing
+/// is left.
+fn trimmed(v: &[u8], range: Range<usize>) -> Option<Range<usize>> {
+    let part = &v[range.clone()];
+    let first = part.iter().position(|b| !is_space(*b))?;
+    let last = part.iter().rposition(|b| !is_space(*b))?;
+    Some(range.start + first..range.start + last + 1)
+}
+
+/// RFC 8259 whitespace.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 /// A member's key, unescaped.
@@ -434,8 +556,88 @@ mod tests {
             hash(r#"{"x":1}"#, &ig)
         );
         assert_eq!(hash(r#"{"x":1,"a/b":5}"#, &ig), hash(r#"{"x":1}"#, &ig));
-        // A pointer through a non-object changes nothing.
+        // A pointer that names no element of an array changes nothing.
         assert_ne!(hash(r#"{"meta":[1]}"#, &ig), hash(r#"{"meta":[2]}"#, &ig));
+    }
+
+    #[test]
+    fn pointers_reach_into_arrays_by_index() {
+        let ig = ["/items/0/updated_at", "/tags/1", "/grid/1/0"];
+        // The member of element 0 only.
+        assert_eq!(
+            hash(r#"{"items":[{"n":1,"updated_at":"mon"},{"n":2}]}"#, &ig),
+            hash(r#"{"items":[{"n":1,"updated_at":"tue"},{"n":2}]}"#, &ig),
+        );
+        assert_ne!(
+            hash(r#"{"items":[{"n":1},{"n":2,"updated_at":"mon"}]}"#, &ig),
+            hash(r#"{"items":[{"n":1},{"n":2,"updated_at":"tue"}]}"#, &ig),
+        );
+        assert_ne!(
+            hash(r#"{"items":[{"n":1,"updated_at":"mon"}]}"#, &ig),
+            hash(r#"{"items":[{"n":9,"updated_at":"mon"}]}"#, &ig),
+        );
+        // A whole element, which keeps its place.
+        assert_eq!(
+            hash(r#"{"tags":["a","x","b"]}"#, &ig),
+            hash(r#"{"tags":["a", {"y":[1]} ,"b"]}"#, &ig),
+        );
+        assert_ne!(
+            hash(r#"{"tags":["a","x","b"]}"#, &ig),
+            hash(r#"{"tags":["a","x"]}"#, &ig)
+        );
+        assert_ne!(
+            hash(r#"{"tags":["a","x","b"]}"#, &ig),
+            hash(r#"{"tags":["a","x","b","c"]}"#, &ig),
+        );
+        assert_ne!(
+            hash(r#"{"tags":["a","x","b"]}"#, &ig),
+            hash(r#"{"tags":["z","x","b"]}"#, &ig),
+        );
+        // Arrays in arrays.
+        assert_eq!(
+            hash(r#"{"grid":[[1,2],[3,4]]}"#, &ig),
+            hash(r#"{"grid":[[1,2],[0,4]]}"#, &ig)
+        );
+        assert_ne!(
+            hash(r#"{"grid":[[1,2],[3,4]]}"#, &ig),
+            hash(r#"{"grid":[[1,2],[3,5]]}"#, &ig)
+        );
+        // Commas, brackets and escaped quotes inside strings are not
+        // element boundaries.
+        assert_eq!(
+            hash(r#"{"tags":["a,]\"[",1,"}{"]}"#, &ig),
+            hash(r#"{"tags":["a,]\"[",2,"}{"]}"#, &ig),
+        );
+        assert_ne!(
+            hash(r#"{"tags":["a,]\"[",1,"}{"]}"#, &ig),
+            hash(r#"{"tags":["a,]\"]",1,"}{"]}"#, &ig),
+        );
+        // `01` and `-` name no element (RFC 6901).
+        for p in ["/tags/01", "/tags/-"] {
+            assert_ne!(
+                hash(r#"{"tags":["a","b"]}"#, &[p]),
+                hash(r#"{"tags":["a","c"]}"#, &[p])
+            );
+        }
+        // Empty arrays, and an index past the end.
+        assert_eq!(hash(r#"{"tags":[]}"#, &ig), hash(r#"{"tags":[ ]}"#, &ig));
+        assert_ne!(hash(r#"{"tags":[]}"#, &ig), hash(r#"{"tags":["a"]}"#, &ig));
+    }
+
+    #[test]
+    fn hashes_without_array_pointers_are_the_ones_earlier_builds_recorded() {
+        // Recorded by the build before pointers reached into arrays: a body
+        // whose pointers name no array element must hash as it did, or an
+        // upgrade would take every such item for drifted.
+        let body = r#"{"x":1,"updated_at":"mon","meta":{"etag":"1","n":[1,2]},"list":[{"a":1},2]}"#;
+        assert_eq!(
+            hash(body, &["/updated_at", "/meta/etag"]),
+            "ff74a538ec3382b6b8f5ab53eb795244"
+        );
+        assert_eq!(
+            hash(r#"{"a":[1,2,3],"version":4}"#, &["/updated_at", "/list/0"]),
+            "2cb7ef61fdb9664fe7d80f4e4f251d21"
+        );
     }
 
     #[test]
