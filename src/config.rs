@@ -785,6 +785,30 @@ fn parse_addr(name: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     })
 }
 
+/// The sections an environment variable can set a key of.
+const ENV_SECTIONS: [&str; 6] = [
+    "SERVER",
+    "UPSTREAM",
+    "DATABASE",
+    "VERSIONING",
+    "LOCKS",
+    "LOG",
+];
+
+/// For a name such as `LOCKSTEP_LOCKS_MAX_WAIT_MS`, a section's key written
+/// with one underscore where two belong, the name that was meant. Left
+/// alone it would be skipped without a word, and the setting silently not
+/// applied. Other `LOCKSTEP_*` names (`LOCKSTEP_ADMIN_URL`, the
+/// `LOCKSTEP_FENCING_TOKEN` that `lockstep lock` hands its command) are
+/// not configuration and stay ignored.
+fn one_underscore_short(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("LOCKSTEP_")?;
+    ENV_SECTIONS.iter().find_map(|section| {
+        let key = rest.strip_prefix(section)?.strip_prefix('_')?;
+        (!key.is_empty() && !key.starts_with('_')).then(|| format!("LOCKSTEP_{section}__{key}"))
+    })
+}
+
 /// Applies `LOCKSTEP_<SECTION>__<KEY>=value` onto the parsed file. The value
 /// is read as a TOML value when it parses as one (numbers, booleans), else
 /// as a string, so `LOCKSTEP_SERVER__LISTEN=0.0.0.0:80` needs no quoting.
@@ -796,6 +820,13 @@ fn apply_env(
     for (name, value) in env {
         if name.starts_with("LOCKSTEP_") && name.contains("__") {
             vars.insert(name, value);
+        } else if let Some(meant) = one_underscore_short(&name) {
+            return Err(ConfigError::Env {
+                name,
+                message: format!(
+                    "expected LOCKSTEP_<SECTION>__<KEY>, two underscores after the section: {meant}"
+                ),
+            });
         }
     }
     for (name, raw) in vars {
@@ -989,6 +1020,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:3");
+    }
+
+    #[test]
+    fn a_section_key_with_one_underscore_is_an_error_that_names_the_meant_variable() {
+        let e = load("", &[("LOCKSTEP_LOCKS_MAX_WAIT_MS", "5")]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(&e, ConfigError::Env { name, .. } if name == "LOCKSTEP_LOCKS_MAX_WAIT_MS"),
+            "{text}"
+        );
+        assert!(text.contains("LOCKSTEP_LOCKS__MAX_WAIT_MS"), "{text}");
+        // Not configuration: what `lockstep lock` reads or hands on.
+        for name in [
+            "LOCKSTEP_ADMIN_URL",
+            "LOCKSTEP_FENCING_TOKEN",
+            "LOCKSTEP_LOCK_RESOURCE",
+            "LOCKSTEP_LOGS",
+            "LOCKSTEP_LOG_",
+        ] {
+            assert!(load("", &[(name, "x")]).is_ok(), "{name}");
+        }
+        // Every section named here is one the file has.
+        for section in ENV_SECTIONS {
+            let e = load("", &[(&format!("LOCKSTEP_{section}__NO_SUCH_KEY"), "1")]).unwrap_err();
+            assert!(e.to_string().contains("no_such_key"), "{section}: {e}");
+        }
     }
 
     #[test]

@@ -594,6 +594,26 @@ async fn ttl_outside_bounds_or_not_an_integer_is_400(db: DbKind) {
     let problem = check_problem(&r, 400, "invalid-body");
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("exponent"), "{detail}");
+    // The detail never quotes a number the caller did not write (the JSON
+    // reader keeps no literal for these): it names the fault instead.
+    for (literal, says) in [
+        ("-0", "without a sign"),
+        ("1e3", "exponent"),
+        ("18446744073709551616", "outside [100, 10000]"),
+    ] {
+        let r = c
+            .request(Method::POST, lock_url(&ls, "ttl-literal"))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"owner": "worker-a", "ttl_ms": {literal}}}"#))
+            .send()
+            .await;
+        let problem = check_problem(&r, 400, "invalid-body");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "ttl_ms {literal}: {detail}");
+        for wrong in ["1.8446744073709552e", "-0.0", "1000.0"] {
+            assert!(!detail.contains(wrong), "ttl_ms {literal}: {detail}");
+        }
+    }
     // So is a body sent compressed (or labelled so): it is read as it is.
     let r = c
         .post(

@@ -423,13 +423,15 @@ impl Locks {
                     "wait_ms is given twice; give it once".into(),
                 ));
             }
-            // Digits only: `+5` is no more a wait than `5s`.
-            let digits = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
-            wait = Some(v.parse::<u64>().ok().filter(|_| digits).ok_or_else(|| {
-                Error::InvalidRequest(format!(
+            // Digits only: `+5` is no more a wait than `5s`. Any number of
+            // them: a wait longer than u64 milliseconds is capped like any
+            // other one over `max_wait_ms`.
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(Error::InvalidRequest(format!(
                     "wait_ms must be a non-negative integer of milliseconds, not {v:?}"
-                ))
-            })?);
+                )));
+            }
+            wait = Some(v.parse::<u64>().unwrap_or(u64::MAX));
         }
         Ok(Duration::from_millis(
             wait.unwrap_or(0).min(self.settings.max_wait_ms),
@@ -444,18 +446,21 @@ impl Locks {
                     "ttl_ms is required (no locks.default_ttl_ms is configured)".into(),
                 )
             })?,
-            Some(v) => v.as_u64().ok_or_else(|| {
-                let written = match v {
-                    // 1e3 and 1000.0 parse as the float 1000.0: say why
-                    // a whole number is still refused.
-                    serde_json::Value::Number(n) if n.is_f64() => {
-                        format!("{n}, a number written with a fraction or an exponent")
-                    }
-                    other => other.to_string(),
-                };
-                Error::InvalidBody(format!(
-                    "ttl_ms must be a positive integer of milliseconds, written as digits only, not {written}"
-                ))
+            Some(v) => v.as_u64().ok_or_else(|| match v.as_f64() {
+                // serde_json keeps no literal for these (`-0`, `1e3`,
+                // `1000.0` and 20 digits all become floats), so the detail
+                // names the fault and does not quote a number the caller
+                // never wrote.
+                Some(f) if f >= u64::MAX as f64 => Error::InvalidBody(format!(
+                    "ttl_ms is outside [{}, {}]",
+                    s.min_ttl_ms, s.max_ttl_ms
+                )),
+                Some(_) if v.is_f64() => Error::InvalidBody(
+                    "ttl_ms must be a positive integer of milliseconds, written as digits only, without a sign, a fraction or an exponent".into(),
+                ),
+                _ => Error::InvalidBody(format!(
+                    "ttl_ms must be a positive integer of milliseconds, written as digits only, not {v}"
+                )),
             })?,
         };
         if ttl < s.min_ttl_ms || ttl > s.max_ttl_ms {
