@@ -99,6 +99,7 @@ async fn stale_writes_through_aliases_are_refused_or_get_409_and_never_reach_the
             Want::Conflict,
         ),
         ("POST", "/articles/42?_method=PATCH", vec![], Want::Conflict),
+        ("POST", "/articles/42?_method[]=PUT", vec![], Want::Conflict),
         // The parameter's name in any case, `;` as a separator, and the
         // headers spelt with `_` (CGI and WSGI read both spellings alike).
         ("POST", "/articles/42?_METHOD=put", vec![], Want::Conflict),
@@ -492,6 +493,14 @@ async fn a_method_named_in_a_post_body_is_checked_like_that_write() {
             "application/x-www-form-urlencoded; charset=utf-8",
             ".method=PUT",
         ),
+        // Bracket notation: Express's body parser (`qs`) and PHP read a
+        // `_method` list, whose first element `method-override` applies.
+        (
+            "application/x-www-form-urlencoded",
+            "_method[]=PUT&title=stale",
+        ),
+        ("application/x-www-form-urlencoded", "_method%5B0%5D=DELETE"),
+        ("application/x-www-form-urlencoded", "[_method]=PATCH"),
         ("multipart/form-data; boundary=XyZ", multipart),
         (
             "application/json",

@@ -192,7 +192,7 @@ fn overrides(headers: &HeaderMap, query: Option<&str>) -> Result<Vec<(String, St
     // more requests.
     for pair in query.unwrap_or_default().split(['&', ';']) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if php_name(&form_decode(key)).eq_ignore_ascii_case(OVERRIDE_PARAM) {
+        if is_override_name(&form_decode(key)) {
             found.push((
                 format!("query {OVERRIDE_PARAM}"),
                 form_decode(value).into_owned(),
@@ -224,8 +224,33 @@ fn php_name(name: &str) -> Cow<'_, str> {
     )
 }
 
+/// Whether a query parameter or form field named `name` (decoded) is
+/// `_method` to some mainstream reader, in any case: by PHP's name
+/// mangling ([`php_name`]), or in bracket notation (`_method[]`,
+/// `_method[0]`, `_method[][]`, `[_method]`), which Express's `qs` and PHP
+/// read as a `_method` list or map, and whose first element
+/// `method-override` applies. Such a field is checked as the method it
+/// names, like `_method=` itself.
+fn is_override_name(name: &str) -> bool {
+    if php_name(name).eq_ignore_ascii_case(OVERRIDE_PARAM) {
+        return true;
+    }
+    let Some(open) = name.find('[') else {
+        return false;
+    };
+    if !name[open..].contains(']') {
+        return false;
+    }
+    let base = match &name[..open] {
+        // `qs`: a name that starts with a bracket is its first segment.
+        "" => name[1..].split(']').next().unwrap_or_default(),
+        base => base,
+    };
+    php_name(base).eq_ignore_ascii_case(OVERRIDE_PARAM)
+}
+
 /// Every `_method` a body carries, as `(where, value)`: form fields named
-/// so (as PHP reads names, see [`php_name`]), or a top-level JSON member,
+/// so (see [`is_override_name`]), or a top-level JSON member,
 /// by every reader its `Content-Type` may call for. A body a lenient
 /// reader could still find one in, but lockstep cannot read, is refused.
 fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Result<Vec<(String, String)>, Error> {
@@ -238,8 +263,7 @@ fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Result<Vec<(String, Strin
                 .split(['&', ';'])
                 .filter_map(|pair| {
                     let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                    php_name(&form_decode(key))
-                        .eq_ignore_ascii_case(OVERRIDE_PARAM)
+                    is_override_name(&form_decode(key))
                         .then(|| (source(), form_decode(value).into_owned()))
                 }),
         );
@@ -248,7 +272,7 @@ fn body_overrides(headers: &HeaderMap, body: &[u8]) -> Result<Vec<(String, Strin
         found.extend(
             multipart_fields(headers, body)?
                 .into_iter()
-                .filter(|(name, _)| php_name(name).eq_ignore_ascii_case(OVERRIDE_PARAM))
+                .filter(|(name, _)| is_override_name(name))
                 .map(|(_, value)| (source(), value)),
         );
     }
@@ -438,6 +462,10 @@ mod tests {
             (vec![], Some("_method%00x=PATCH"), Method::PATCH),
             (vec![], Some("+_method=PUT"), Method::PUT),
             (vec![], Some("[method=PUT"), Method::PUT),
+            // Bracket notation, as Express's `qs` and PHP read it.
+            (vec![], Some("_method[]=PUT"), Method::PUT),
+            (vec![], Some("_method%5Bx%5D=DELETE"), Method::DELETE),
+            (vec![], Some("[_method]=PATCH"), Method::PATCH),
             (
                 vec![("x-http-method-override", "PATCH")],
                 Some("_method=patch"),
@@ -470,6 +498,21 @@ mod tests {
             (form, "%5Fmethod=PUT", Method::PUT),
             (form, "_method.=PUT", Method::POST),
             (form, "method=PUT&x_method=PATCH", Method::POST),
+            // Bracket notation: Express's `qs` and PHP read a list whose
+            // first element `method-override` applies.
+            (form, "_method[]=PUT&title=x", Method::PUT),
+            (form, "_method[0]=DELETE", Method::DELETE),
+            (form, "_method[1]=PUT", Method::PUT),
+            (form, "_method[][]=PATCH", Method::PATCH),
+            (form, "_method%5B%5D=PUT", Method::PUT),
+            (form, "[_method]=PUT", Method::PUT),
+            (form, "_Method[]=put", Method::PUT),
+            (form, "x[_method]=PUT&_methods[]=PUT&a[]=_method", Method::POST),
+            (
+                multipart,
+                "--b 1\r\nContent-Disposition: form-data; name=\"_method[]\"\r\n\r\nDELETE\r\n--b 1--\r\n",
+                Method::DELETE,
+            ),
             (
                 multipart,
                 "--b 1\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPUT\r\n--b 1--\r\n",
@@ -495,6 +538,8 @@ mod tests {
         // Named twice, differently, or something that is no write: refused.
         for (ct, body) in [
             (form, "_method=PUT&_method=DELETE"),
+            (form, "_method[]=PUT&_method[]=GET"),
+            (form, "_method=PUT&_method[]=DELETE"),
             (form, "_method=GET"),
             ("application/json", r#"{"_method": 7}"#),
         ] {
