@@ -57,9 +57,9 @@
 //! * `X-Backend-Reset: 1`: read the request, then drop the connection with no
 //!   response; with `X-Backend-Apply: 1` the write is applied first.
 //! * `X-Backend-Status: N`: answer N with `{"error":"forced"}`, store untouched.
-//! * `X-Backend-Body: S`: answer 200 with exactly S as the body, with the
-//!   Content-Type from `X-Backend-Content-Type` (default `application/json`),
-//!   store untouched.
+//! * `X-Backend-Body: S`: answer 200 (or `X-Backend-Body-Status`) with
+//!   exactly S as the body, with the Content-Type from
+//!   `X-Backend-Content-Type` (default `application/json`), store untouched.
 //! * `X-Backend-Apply-Then-Status: N`: apply the write, then answer N (for a
 //!   2xx N with the normal body; for a 3xx N with no body and, except for
 //!   304, `Location` naming the item, as a redirect after a write does;
@@ -641,6 +641,12 @@ async fn handle(
             .unwrap_or_else(|| HeaderValue::from_static("application/json"));
         let mut resp = Response::new(full(Bytes::copy_from_slice(text.as_bytes())));
         resp.headers_mut().insert(CONTENT_TYPE, content_type);
+        if let Some(status) = header_str(&parts.headers, "x-backend-body-status") {
+            match parse_status(status) {
+                Some(status) => *resp.status_mut() = status,
+                None => return Ok(bad_control_header("x-backend-body-status")),
+            }
+        }
         return Ok(resp);
     }
 

@@ -226,6 +226,16 @@ async fn forced_body_is_sent_verbatim() {
         .await;
     assert_eq!(text.text(), "plain words");
     assert_eq!(text.content_type().as_deref(), Some("text/plain"));
+
+    let created = Client::new()
+        .post(backend.url_for("/articles"), json!({"a": 1}))
+        .header("x-backend-body", r#"{"id":1}"#)
+        .header("x-backend-body-status", "201")
+        .send()
+        .await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.text(), r#"{"id":1}"#);
+    assert_eq!(backend.stored("/articles/1").await, None);
 }
 
 #[tokio::test]

@@ -1195,6 +1195,59 @@ async fn a_compressed_create_answer_naming_only_its_json_id_is_versioned() {
     }
 }
 
+/// An integer id past 64 bits is read as the backend wrote it, not
+/// through a float: the re-created item continues its own key's versions.
+#[tokio::test]
+async fn a_created_items_json_id_past_64_bits_keeps_its_digits() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let id = "36893488147419103232";
+    let item = lockstep.proxy_url_for(&format!("/articles/{id}"));
+    let put = client.put(&item, json!({"t": 1})).send().await;
+    assert_eq!(put.etag().as_deref(), Some("\"2\""), "{put:?}");
+    let deleted = client.delete(&item).if_match(2).send().await;
+    assert_eq!(deleted.status, 204, "{deleted:?}");
+
+    let body = format!(r#"{{"id":{id},"t":"again"}}"#);
+    let created = client
+        .post(lockstep.proxy_url_for("/articles"), json!({"t": "again"}))
+        .header("x-backend-body-status", "201")
+        .header("x-backend-body", body.as_str())
+        .send()
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.etag().as_deref(), Some("\"4\""), "{created:?}");
+    assert_eq!(
+        created.text(),
+        format!(r#"{{"id":{id},"t":"again","version":4}}"#)
+    );
+    assert_eq!(
+        current_version(&client, &lockstep, &format!("/articles/{id}")).await,
+        4
+    );
+    assert_conflict(
+        &client
+            .put(&item, json!({"t": "blind"}))
+            .if_match(3)
+            .send()
+            .await,
+        409,
+        4,
+    );
+
+    // An id with an exponent names no path for certain: created, unkeyed.
+    let unkeyed = client
+        .post(lockstep.proxy_url_for("/articles"), json!({"t": "e"}))
+        .header("x-backend-body-status", "201")
+        .header("x-backend-body", r#"{"id":1e3}"#)
+        .send()
+        .await;
+    assert_eq!(unkeyed.status, 201, "{unkeyed:?}");
+    assert_eq!(unkeyed.etag(), None, "{unkeyed:?}");
+    assert_eq!(unkeyed.text(), r#"{"id":1e3}"#);
+}
+
 #[tokio::test]
 async fn post_reusing_a_deleted_id_gets_one_past_the_deletes_version() {
     let backend = Backend::start();

@@ -1348,12 +1348,36 @@ fn pieces_len(pieces: &[Bytes]) -> usize {
 /// compressed one go to the blocking pool.
 const INLINE_STAMP_BYTES: usize = 128 * 1024;
 
-/// The `id` member of a JSON object, as a path segment.
+/// The `id` member of a JSON object (the last, if it has several, as
+/// most readers take), as a path segment: a non-empty string, or an
+/// integer exactly as the backend wrote it. Why from the bytes: a reader
+/// into `serde_json::Value` keeps an integer past 64 bits only as a float,
+/// so `36893488147419103232` would become the key of an item named
+/// `3.6893488147419103e19`, which no request can name, and the item's own
+/// key would keep the version its DELETE left. A number with a fraction or
+/// an exponent (`1e3`, `7.0`) names no path for certain: no key.
 fn id_of(bytes: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    match value.get("id")? {
-        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
+    let doc = [Bytes::copy_from_slice(bytes)];
+    let mut last = None;
+    splice::scan(&doc, "id", |m| {
+        if m.is_field {
+            last = Some(m);
+        }
+    })
+    .ok()?
+    .object?;
+    let m = last?;
+    let value = bytes.get(m.value_start..m.value_end)?.trim_ascii();
+    match m.kind {
+        splice::Kind::String => {
+            let s: String = serde_json::from_slice(value).ok()?;
+            (!s.is_empty()).then_some(s)
+        }
+        splice::Kind::Number => {
+            let digits = value.strip_prefix(b"-").unwrap_or(value);
+            (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit))
+                .then(|| String::from_utf8_lossy(value).into_owned())
+        }
         _ => None,
     }
 }
@@ -1366,7 +1390,37 @@ fn encode_segment(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::location_path;
+    use super::{id_of, location_path};
+
+    #[test]
+    fn an_id_is_read_as_the_backend_wrote_it() {
+        for (body, want) in [
+            (r#"{"id":"a-1"}"#, Some("a-1")),
+            (r#"{"id":"caf\u00e9"}"#, Some("café")),
+            (r#"{"id":42}"#, Some("42")),
+            (r#"{"id":-7}"#, Some("-7")),
+            (
+                r#"{"id":36893488147419103232}"#,
+                Some("36893488147419103232"),
+            ),
+            (
+                r#"{"id":123456789012345678901234567890, "t":1}"#,
+                Some("123456789012345678901234567890"),
+            ),
+            (r#"{"id":1,"id":2}"#, Some("2")),
+            (r#"{"\u0069d":5}"#, Some("5")),
+            (r#"{"id":1e3}"#, None),
+            (r#"{"id":7.0}"#, None),
+            (r#"{"id":""}"#, None),
+            (r#"{"id":null}"#, None),
+            (r#"{"id":{"n":1}}"#, None),
+            (r#"{"x":{"id":1}}"#, None),
+            (r#"[{"id":1}]"#, None),
+            (r#"{"id":1"#, None),
+        ] {
+            assert_eq!(id_of(body.as_bytes()).as_deref(), want, "{body}");
+        }
+    }
 
     #[test]
     fn a_location_is_resolved_against_the_collection() {
