@@ -353,25 +353,43 @@ fn multipart_fields(headers: &HeaderMap, body: &[u8]) -> Result<Vec<(String, Str
         else {
             continue;
         };
-        let name = head.lines().find_map(|line| {
-            let (field, rest) = line.split_once(':')?;
+        // Every name a parser may take the field's from: parsers disagree
+        // on which of two `name` parameters (or two Content-Disposition
+        // lines) counts (busboy and PHP take the last), and some read
+        // RFC 2231's `name*=utf-8''…` too; so the part is listed once under
+        // each.
+        let mut names: Vec<String> = Vec::new();
+        for line in head.lines() {
+            let Some((field, rest)) = line.split_once(':') else {
+                continue;
+            };
             if !field.trim().eq_ignore_ascii_case("content-disposition") {
-                return None;
+                continue;
             }
-            rest.split(';').skip(1).find_map(|p| {
-                let (k, v) = p.split_once('=')?;
-                k.trim()
-                    .eq_ignore_ascii_case("name")
-                    .then(|| v.trim().trim_matches('"').to_string())
-            })
-        });
-        if let Some(name) = name {
-            let value = value
-                .strip_suffix("\r\n")
-                .or_else(|| value.strip_suffix('\n'))
-                .unwrap_or(value);
-            fields.push((name, value.to_string()));
+            for p in rest.split(';').skip(1) {
+                let Some((k, v)) = p.split_once('=') else {
+                    continue;
+                };
+                let v = v.trim().trim_matches('"');
+                let name = match k.trim() {
+                    k if k.eq_ignore_ascii_case("name") => v.to_string(),
+                    k if k.eq_ignore_ascii_case("name*") => {
+                        // charset'language'percent-encoded
+                        let encoded = v.splitn(3, '\'').nth(2).unwrap_or(v);
+                        percent_decode_str(encoded).decode_utf8_lossy().into_owned()
+                    }
+                    _ => continue,
+                };
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
         }
+        let value = value
+            .strip_suffix("\r\n")
+            .or_else(|| value.strip_suffix('\n'))
+            .unwrap_or(value);
+        fields.extend(names.into_iter().map(|name| (name, value.to_string())));
     }
     Ok(fields)
 }
@@ -511,6 +529,23 @@ mod tests {
             (
                 multipart,
                 "--b 1\r\nContent-Disposition: form-data; name=\"_method[]\"\r\n\r\nDELETE\r\n--b 1--\r\n",
+                Method::DELETE,
+            ),
+            // Two names (busboy and PHP take the last), RFC 2231's
+            // `name*`, two Content-Disposition lines.
+            (
+                multipart,
+                "--b 1\r\nContent-Disposition: form-data; name=\"x\"; name=\"_method\"\r\n\r\nPUT\r\n--b 1--\r\n",
+                Method::PUT,
+            ),
+            (
+                multipart,
+                "--b 1\r\nContent-Disposition: form-data; name*=utf-8''%5Fmethod\r\n\r\nPATCH\r\n--b 1--\r\n",
+                Method::PATCH,
+            ),
+            (
+                multipart,
+                "--b 1\r\nContent-Disposition: form-data; name=\"x\"\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n--b 1--\r\n",
                 Method::DELETE,
             ),
             (
