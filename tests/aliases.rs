@@ -422,6 +422,46 @@ async fn connect_gets_405_and_never_opens_a_tunnel() {
     assert!(backend.log().await.is_empty());
 }
 
+/// The authority form belongs to CONNECT and the asterisk form to
+/// OPTIONS (RFC 9112 §3.2): on any other method the target is refused,
+/// never rewritten to `/` with the client's `Host` replaced.
+#[tokio::test]
+async fn a_target_form_that_does_not_fit_the_method_is_400() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+
+    for (method, target) in [
+        ("DELETE", "b:80"),
+        ("PATCH", "127.0.0.1"),
+        ("GET", "example.com:443"),
+        ("PUT", "*"),
+        ("DELETE", "*"),
+        ("GET", "*"),
+    ] {
+        let raw = format!("{method} {target} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let answer = raw_http1(lockstep.proxy_addr(), raw).await;
+        assert_eq!(
+            raw_status(&answer),
+            Some(400),
+            "{method} {target}: {answer}"
+        );
+        assert!(
+            answer.contains("application/problem+json") && answer.contains("invalid-request"),
+            "{method} {target}: {answer}"
+        );
+    }
+    assert!(backend.log().await.is_empty(), "{:?}", backend.log().await);
+
+    // OPTIONS * is what the asterisk form is for: passed on.
+    let answer = raw_http1(
+        lockstep.proxy_addr(),
+        "OPTIONS * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_ne!(raw_status(&answer), Some(400), "{answer}");
+    assert_eq!(backend.log().await.len(), 1);
+}
+
 #[tokio::test]
 async fn an_override_turning_a_collection_post_into_a_write_is_refused() {
     let backend = Backend::start();

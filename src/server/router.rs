@@ -78,7 +78,7 @@ impl ProxyRouter {
             let e = Error::MethodNotAllowed(PROXY_METHODS);
             return refused(&req, RequestKind::Passthrough, &e, started);
         }
-        if let Some(e) = host_problem(&req) {
+        if let Some(e) = target_form_problem(&req).or_else(|| host_problem(&req)) {
             return refused(&req, RequestKind::Passthrough, &e, started);
         }
         if let Some(prefix) = &self.lock_prefix {
@@ -247,6 +247,27 @@ fn same_header_name(canonical: &str, name: &str) -> bool {
             .bytes()
             .zip(name.bytes())
             .all(|(c, n)| c == n.to_ascii_lowercase() || (c == b'-' && !n.is_ascii_alphanumeric()))
+}
+
+/// Why a request target's form does not fit its method (RFC 9112 §3.2):
+/// the authority form (`host:port`) belongs to CONNECT alone, which never
+/// gets this far, and the asterisk form (`*`) to OPTIONS alone. Passed on,
+/// `DELETE b:80` reached the backend as `DELETE /` with `Host: b:80` in
+/// place of the client's own `Host`.
+fn target_form_problem(req: &Request<Incoming>) -> Option<Error> {
+    let uri = req.uri();
+    if uri.scheme().is_none() && uri.authority().is_some() {
+        return Some(Error::InvalidRequest(format!(
+            "the request target {uri} is in authority form, which only CONNECT uses (RFC 9112 §3.2.3)"
+        )));
+    }
+    if uri.path() == "*" && req.method() != Method::OPTIONS {
+        return Some(Error::InvalidRequest(format!(
+            "the request target * is for OPTIONS only (RFC 9112 §3.2.4), not {}",
+            req.method()
+        )));
+    }
+    None
 }
 
 /// Why a request's `Host` cannot be forwarded (RFC 9112 §3.2: a server
