@@ -279,6 +279,29 @@ async fn non_json_2xx_gets_an_etag_and_an_untouched_body() {
     assert_eq!(labelled.text(), "{\"a\":1}");
 }
 
+/// SPEC: on 2xx the ETag, and a JSON object's version member set to it;
+/// not only on 200, so a body never shows one version beside an ETag that
+/// says another (legacy APIs often carry a `version` of their own).
+#[tokio::test]
+async fn every_2xx_json_object_gets_the_version_member_beside_its_etag() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/s", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/s");
+    for status in [200u16, 202, 203, 208, 226] {
+        let read = client
+            .get(&url)
+            .header("x-backend-body", r#"{"title":"t","version":3}"#)
+            .header("x-backend-body-status", status.to_string())
+            .send()
+            .await;
+        assert_eq!(read.status, status, "{read:?}");
+        assert_eq!(read.etag().as_deref(), Some("\"1\""), "{status}: {read:?}");
+        assert_eq!(read.text(), r#"{"title":"t","version":1}"#, "{status}");
+    }
+}
+
 #[tokio::test]
 async fn json_arrays_and_scalars_are_not_stamped() {
     let backend = Backend::start();

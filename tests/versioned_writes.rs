@@ -822,6 +822,29 @@ async fn a_3xx_after_a_write_counts_as_applied_and_carries_the_new_etag() {
     );
 }
 
+/// Every 2xx after a write is applied, and a JSON object answer carries
+/// the new version in its body as in its ETag, not only a 200's.
+#[tokio::test]
+async fn a_write_answered_202_or_203_carries_the_new_version_in_body_and_etag() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/acc", json!({"title": "a"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/acc");
+    for (status, version) in [(202u16, 2), (203, 3)] {
+        let resp = client
+            .request(Method::PUT, &url)
+            .json(&json!({"title": status}))
+            .if_match(version - 1)
+            .header("x-backend-apply-then-status", status.to_string())
+            .send()
+            .await;
+        assert_eq!(resp.status, status, "{resp:?}");
+        assert_eq!(resp.etag_version(), Some(version), "{resp:?}");
+        assert_eq!(resp.json()["version"], json!(version), "{resp:?}");
+    }
+}
+
 #[tokio::test]
 async fn upstream_timeout_is_504_bumps_and_keeps_the_key_closed_until_the_lease_runs_out() {
     let backend = Backend::start();

@@ -1054,7 +1054,7 @@ impl Versioning {
         let wants_body = !self.settings.body_field.is_empty()
             && stamp::is_json(&parts.headers)
             && coding::of(&parts.headers).is_ok()
-            && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED);
+            && carries_the_item(parts.status);
         if !wants_body {
             let mut resp = Response::from_parts(parts, body::boxed(incoming));
             set_etag(resp.headers_mut(), version);
@@ -1330,6 +1330,19 @@ fn not_modified_from(headers: &HeaderMap, version: i64) -> Response<Body> {
     }
     set_etag(out.headers_mut(), version);
     out
+}
+
+/// Whether a 2xx answer's body is the item (so a JSON object gets the
+/// version member, as SPEC.md says of every 2xx): all but those with no
+/// body (204, 205) and a part of one (206, which never gets this far on a
+/// stamped route: `Range` is not forwarded there, and one the backend sends
+/// anyway passes without an `ETag`).
+fn carries_the_item(status: StatusCode) -> bool {
+    status.is_success()
+        && !matches!(
+            status,
+            StatusCode::NO_CONTENT | StatusCode::RESET_CONTENT | StatusCode::PARTIAL_CONTENT
+        )
 }
 
 fn rebuild(collected: Collected) -> Body {
