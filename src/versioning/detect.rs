@@ -43,14 +43,54 @@ pub fn write_body_is_json(headers: &HeaderMap, body: &[u8], field: &str) -> Resu
     if field.is_empty() || !starts_object {
         return Ok(false);
     }
-    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) {
-        Ok(object) if object.contains_key(field) => Err(Error::InvalidBody(format!(
+    let parse = |bytes: &[u8]| {
+        serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes).ok()
+    };
+    // Python's `json.loads` (behind Django's and Flask's readers, which
+    // many backends call whatever the Content-Type) also takes `NaN`,
+    // `Infinity` and `-Infinity`: a body that is JSON to it names its
+    // version as surely.
+    let object = parse(body).or_else(|| parse(&without_python_constants(body)?));
+    match object {
+        Some(object) if object.contains_key(field) => Err(Error::InvalidBody(format!(
             "the body is a JSON object with a {field:?} member but its Content-Type is {:?}; \
              send it as application/json, or put the version in If-Match",
             String::from_utf8_lossy(declared.as_bytes())
         ))),
         _ => Ok(false),
     }
+}
+
+/// `body` with `NaN`, `Infinity` and `-Infinity` outside strings replaced
+/// by `0`, so that a strict reader parses what Python's reads; `None` when
+/// it has none.
+fn without_python_constants(body: &[u8]) -> Option<Vec<u8>> {
+    const CONSTANTS: [&[u8]; 3] = [b"-Infinity", b"Infinity", b"NaN"];
+    let mut out = Vec::with_capacity(body.len());
+    let (mut in_string, mut escaped, mut replaced) = (false, false, false);
+    let mut i = 0;
+    while i < body.len() {
+        let b = body[i];
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if let Some(c) = CONSTANTS.iter().find(|c| body[i..].starts_with(c)) {
+            out.push(b'0');
+            i += c.len();
+            replaced = true;
+            continue;
+        }
+        out.push(b);
+        i += 1;
+    }
+    replaced.then_some(out)
 }
 
 #[cfg(test)]
@@ -92,6 +132,28 @@ mod tests {
                 write_body_is_json(&typed(Some(ct)), v, "version"),
                 Err(Error::InvalidBody(_))
             ));
+            // JSON to Python's reader, which takes NaN and Infinity.
+            for body in [
+                r#"{"a":NaN,"version":1}"#,
+                r#"{"version":1,"a":[-Infinity, Infinity]}"#,
+            ] {
+                assert!(
+                    matches!(
+                        write_body_is_json(&typed(Some(ct)), body.as_bytes(), "version"),
+                        Err(Error::InvalidBody(_))
+                    ),
+                    "{ct} {body}"
+                );
+            }
         }
+        // The words inside strings are text, and a body without a version
+        // member is left alone.
+        assert!(!write_body_is_json(&plain, br#"{"a":NaN}"#, "version").unwrap());
+        assert!(!write_body_is_json(&plain, br#"{"a":"NaN \" version"}"#, "version").unwrap());
+        assert_eq!(
+            without_python_constants(br#"{"s":"NaN\"Infinity","n":-Infinity}"#).unwrap(),
+            br#"{"s":"NaN\"Infinity","n":0}"#.to_vec()
+        );
+        assert_eq!(without_python_constants(br#"{"a":1}"#), None);
     }
 }
