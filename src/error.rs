@@ -32,7 +32,7 @@ pub enum Error {
     InvalidRequest(String),
     #[error("this write carries no version: send If-Match: \"<version>\" or a body field with the version you read")]
     PreconditionRequired,
-    #[error("the resource is at version {current_version}; the write expected {expected}")]
+    #[error("the resource is at version {current_version}; the request expected {expected}")]
     Conflict {
         current_version: i64,
         expected: String,

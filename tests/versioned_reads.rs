@@ -9,7 +9,7 @@ mod versioned_support;
 
 use common::{Backend, Client, Lockstep};
 use serde_json::json;
-use versioned_support::{closed_port, logged_header, read_version, received, seed};
+use versioned_support::{assert_problem, closed_port, logged_header, read_version, received, seed};
 
 #[tokio::test]
 async fn get_returns_the_backend_body_with_etag_1_and_version_1() {
@@ -219,6 +219,48 @@ async fn if_none_match_with_another_version_gets_200_and_the_body() {
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(resp.etag().as_deref(), Some("\"2\""));
     assert_eq!(resp.json(), json!({"title": "newer", "version": 2}));
+}
+
+/// RFC 9110 §13.1.1: `If-Match` on a read is evaluated, and lockstep,
+/// which issues the tags, answers it: 412 when it does not name the
+/// current version (whatever `conflict_status` says of writes), and the
+/// backend is not called.
+#[tokio::test]
+async fn if_match_on_a_read_is_412_unless_it_names_the_current_version() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/im", json!({"title": "t"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let client = Client::new();
+    let url = lockstep.proxy_url_for("/articles/im");
+    backend.clear_log().await;
+
+    for (method, tags) in [
+        ("GET", "\"2\""),
+        ("GET", "W/\"1\""),
+        ("HEAD", "\"7\", \"9\""),
+    ] {
+        let req = if method == "GET" {
+            client.get(&url)
+        } else {
+            client.head(&url)
+        };
+        let resp = req.header("if-match", tags).send().await;
+        assert_eq!(resp.status, 412, "{method} If-Match: {tags}: {resp:?}");
+        assert_eq!(resp.etag().as_deref(), Some("\"1\""), "{resp:?}");
+        if method == "GET" {
+            let doc = assert_problem(&resp, 412, "conflict");
+            assert_eq!(doc["current_version"], 1, "{doc}");
+        }
+    }
+    let garbage = client.get(&url).header("if-match", "abc").send().await;
+    assert_problem(&garbage, 400, "invalid-precondition");
+    assert!(backend.log().await.is_empty(), "{:?}", backend.log().await);
+
+    for tags in ["\"1\"", "\"5\", \"1\"", "*"] {
+        let resp = client.get(&url).header("if-match", tags).send().await;
+        assert_eq!(resp.status, 200, "If-Match: {tags}: {resp:?}");
+        assert_eq!(resp.json(), json!({"title": "t", "version": 1}));
+    }
 }
 
 #[tokio::test]

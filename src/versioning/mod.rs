@@ -336,6 +336,29 @@ impl Versioning {
                 (None, None)
             }
         };
+        // RFC 9110 §13.1.1: `If-Match` is evaluated before the method is
+        // performed, a read's too (§13.2.2: before `If-None-Match`), and
+        // lockstep issues the tags, so it answers it: a list that does not
+        // name the current version is 412, whatever `conflict_status` says
+        // of writes. `*` passes (whether the item exists is the backend's
+        // to say). Without a version (the store is down) nothing can be
+        // compared, and it is dropped like the rest.
+        if let Some(current) = version {
+            match precondition::if_match(req.headers()) {
+                Err(e) => return Err(Failure::at(current, e)),
+                Ok(Some(expected @ Expected::OneOf(_))) if expected.accepts(current).is_none() => {
+                    return Err(Failure::at(
+                        current,
+                        Error::Conflict {
+                            current_version: current,
+                            expected: expected.describe(),
+                            status: StatusCode::PRECONDITION_FAILED.as_u16(),
+                        },
+                    ));
+                }
+                Ok(_) => {}
+            }
+        }
         // 304 from the table: when every write goes through lockstep, the
         // version alone says the client's copy is current. The effective
         // version counts a write lease that ran out (its write may have
