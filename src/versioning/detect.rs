@@ -67,20 +67,13 @@ pub fn write_body_is_json(headers: &HeaderMap, body: &[u8], field: &str) -> Resu
 fn without_python_constants(body: &[u8]) -> Option<Vec<u8>> {
     const CONSTANTS: [&[u8]; 3] = [b"-Infinity", b"Infinity", b"NaN"];
     let mut out = Vec::with_capacity(body.len());
-    let (mut in_string, mut escaped, mut replaced) = (false, false, false);
+    let mut strings = super::splice::Strings::default();
+    let mut replaced = false;
     let mut i = 0;
     while i < body.len() {
         let b = body[i];
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else if b == b'"' {
-            in_string = true;
+        if !strings.outside(b) {
+            // In a string: copied as it is.
         } else if let Some(c) = CONSTANTS.iter().find(|c| body[i..].starts_with(c)) {
             out.push(b'0');
             i += c.len();

@@ -198,21 +198,14 @@ fn element_ranges(v: &[u8]) -> Option<Vec<Range<usize>>> {
         return None;
     }
     let mut out = Vec::new();
-    let (mut depth, mut in_string, mut escaped) = (0u32, false, false);
+    let mut depth = 0u32;
+    let mut strings = splice::Strings::default();
     let mut from = start + 1;
     for (i, &b) in v.iter().enumerate().take(end).skip(start + 1) {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
+        if !strings.outside(b) {
             continue;
         }
         match b {
-            b'"' => in_string = true,
             b'[' | b'{' => depth += 1,
             b']' | b'}' => depth = depth.checked_sub(1)?,
             b',' if depth == 0 => {
@@ -222,7 +215,7 @@ fn element_ranges(v: &[u8]) -> Option<Vec<Range<usize>>> {
             _ => {}
         }
     }
-    if in_string || depth != 0 {
+    if strings.open() || depth != 0 {
         return None;
     }
     match trimmed(v, from..end) {

@@ -885,6 +885,41 @@ pub fn slices(chunks: &[Bytes], range: Range<usize>) -> Vec<Bytes> {
     out
 }
 
+/// Whether each byte of a JSON text, fed in order, lies outside every
+/// string literal: for the small passes that look at a document's
+/// structure without a full scan (the elements of an array for drift's
+/// pointers, Python's `NaN` and `Infinity` for a mislabelled body).
+#[derive(Debug, Default)]
+pub struct Strings {
+    inside: bool,
+    escaped: bool,
+}
+
+impl Strings {
+    /// Takes the next byte: true when it is outside every string (a
+    /// string's quotes count as inside).
+    pub fn outside(&mut self, b: u8) -> bool {
+        if self.inside {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.inside = false;
+            }
+            false
+        } else {
+            self.inside = b == b'"';
+            !self.inside
+        }
+    }
+
+    /// Whether the last byte taken left a string open.
+    pub fn open(&self) -> bool {
+        self.inside
+    }
+}
+
 /// The pieces as one buffer (copies only when there is more than one).
 pub fn concat(pieces: &[Bytes]) -> Bytes {
     match pieces {
