@@ -984,7 +984,7 @@ impl Versioning {
             (None, Collected::Complete(pieces)) if stamp::is_json(&parts.headers) => self
                 .plain_body(&parts.headers, pieces)
                 .await
-                .and_then(|plain| id_of(&detect::split_bom(&splice::concat(&plain)).1))
+                .and_then(|plain| id_of(detect::split_bom(&splice::concat(&plain)).1))
                 .and_then(|id| self.item_key(&format!("{collection}/{}", encode_segment(&id)))),
             _ => None,
         };
@@ -1392,8 +1392,9 @@ const INLINE_STAMP_BYTES: usize = 128 * 1024;
 /// `3.6893488147419103e19`, which no request can name, and the item's own
 /// key would keep the version its DELETE left. A number with a fraction or
 /// an exponent (`1e3`, `7.0`) names no path for certain: no key.
-fn id_of(bytes: &[u8]) -> Option<String> {
-    let doc = [Bytes::copy_from_slice(bytes)];
+fn id_of(body: Bytes) -> Option<String> {
+    let bytes = &body[..];
+    let doc = [body.clone()];
     let mut last = None;
     splice::scan(&doc, "id", |m| {
         if m.is_field {
@@ -1427,6 +1428,7 @@ fn encode_segment(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{id_of, location_path};
+    use bytes::Bytes;
 
     #[test]
     fn an_id_is_read_as_the_backend_wrote_it() {
@@ -1454,7 +1456,7 @@ mod tests {
             (r#"[{"id":1}]"#, None),
             (r#"{"id":1"#, None),
         ] {
-            assert_eq!(id_of(body.as_bytes()).as_deref(), want, "{body}");
+            assert_eq!(id_of(Bytes::from(body)).as_deref(), want, "{body}");
         }
     }
 
