@@ -7,9 +7,11 @@
 //! sent it, less the version member), a body without `Content-Type` that starts
 //! with `{` is JSON, and a body declared as something else that is in fact
 //! a JSON object naming the version is refused rather than guessed at.
+//! Nor is a body read through a content coding: a compressed write body is
+//! refused rather than forwarded with whatever version it hides.
 
 use bytes::Bytes;
-use http::header::{HeaderMap, CONTENT_TYPE};
+use http::header::{HeaderMap, CONTENT_ENCODING, CONTENT_TYPE};
 
 use super::stamp;
 use crate::error::Error;
@@ -22,6 +24,47 @@ pub fn split_bom(body: &Bytes) -> (bool, Bytes) {
         (true, body.slice(BOM.len()..))
     } else {
         (false, body.clone())
+    }
+}
+
+/// The content codings a request's body was sent in (`Content-Encoding`,
+/// every line of it), or `None` when it names none but `identity`.
+pub fn content_coding(headers: &HeaderMap) -> Option<String> {
+    let all = headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let codings: Vec<&str> = all
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    if codings.iter().all(|c| c.eq_ignore_ascii_case("identity")) {
+        return None;
+    }
+    Some(codings.join(", "))
+}
+
+/// Refuses a versioned write whose body is sent compressed, when versions
+/// are read from bodies (`field` not empty): lockstep reads the version
+/// member and removes it before forwarding, and it does neither inside a
+/// compressed body. Forwarded, the body's version would go unchecked, and a
+/// backend that inflates request bodies (Express's body parser does by
+/// default, whatever type it is told to parse) applies the write. An empty
+/// body hides nothing.
+pub fn refuse_compressed_body(headers: &HeaderMap, body: &[u8], field: &str) -> Result<(), Error> {
+    if field.is_empty() || body.is_empty() {
+        return Ok(());
+    }
+    match content_coding(headers) {
+        None => Ok(()),
+        Some(coding) => Err(Error::InvalidBody(format!(
+            "the body is compressed (Content-Encoding {coding:?}), and lockstep reads a write's \
+             {field:?} member from the body and removes it before forwarding; send the body \
+             uncompressed"
+        ))),
     }
 }
 

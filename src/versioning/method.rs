@@ -114,11 +114,7 @@ pub fn effective_with_body(
     query: Option<&str>,
     body: &[u8],
 ) -> Result<Method, Error> {
-    if let Some(coding) = headers
-        .get(http::header::CONTENT_ENCODING)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string())
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
-    {
+    if let Some(coding) = super::detect::content_coding(headers) {
         // Express's body parser inflates gzip and deflate: the `_method`
         // would be inside, where lockstep does not look.
         return Err(Error::InvalidRequest(format!(

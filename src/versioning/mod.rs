@@ -577,6 +577,7 @@ impl Versioning {
         let header_expect = precondition::if_match(&parts.headers)?;
         let raw = self.read_request_body(&parts, body).await?;
         let field = &self.settings.body_field;
+        detect::refuse_compressed_body(&parts.headers, &raw, field)?;
         // The splicer looks past a byte order mark itself and keeps it.
         let (_, text) = detect::split_bom(&raw);
         let json = detect::write_body_is_json(&parts.headers, &text, field)?;
