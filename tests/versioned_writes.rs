@@ -304,6 +304,7 @@ async fn a_version_in_a_body_declared_as_not_json_is_refused_not_forwarded() {
             r#"{"version": 99, "title": "stale"}"#,
             r#"{"version": 99, "score": NaN}"#,
             r#"{"score": -Infinity, "version": 99}"#,
+            r#"{"version": 99, "note": "\ud800"}"#,
         ] {
             let resp = client
                 .request(Method::PATCH, &url)
@@ -317,6 +318,21 @@ async fn a_version_in_a_body_declared_as_not_json_is_refused_not_forwarded() {
                 "{body}: {doc}"
             );
         }
+    }
+    // Python's reader takes UTF-16 and UTF-32 bodies too (by their zero
+    // bytes), typed or not.
+    let utf16: Vec<u8> =
+        r#"{"version": 99, "title": "stale"}"#.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    for content_type in [Some("text/plain"), None] {
+        let mut req = client.request(Method::PATCH, &url).body(utf16.clone());
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let doc = assert_problem(&req.send().await, 400, "invalid-body");
+        assert!(
+            doc["detail"].as_str().unwrap().contains("UTF-16"),
+            "{content_type:?}: {doc}"
+        );
     }
     assert!(writes_received(&backend, "/articles/nj").await.is_empty());
     assert_eq!(current_version(&client, &lockstep, "/articles/nj").await, 1);
@@ -354,10 +370,16 @@ async fn a_compressed_write_body_is_refused_not_forwarded_with_its_version_unrea
     // Express's body parser inflates gzip whatever type it is told to
     // parse: forwarded, the stale version inside would go unchecked.
     let typed: [&[(&str, &str)]; 5] = [
-        &[("content-encoding", "gzip"), ("content-type", "application/json")],
+        &[
+            ("content-encoding", "gzip"),
+            ("content-type", "application/json"),
+        ],
         &[("content-encoding", "gzip"), ("content-type", "text/plain")],
         &[("content-encoding", "gzip")],
-        &[("content-encoding", "identity"), ("content-encoding", "gzip")],
+        &[
+            ("content-encoding", "identity"),
+            ("content-encoding", "gzip"),
+        ],
         &[("content-encoding", "identity, deflate")],
     ];
     for headers in typed {

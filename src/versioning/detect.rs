@@ -71,43 +71,127 @@ pub fn refuse_compressed_body(headers: &HeaderMap, body: &[u8], field: &str) -> 
 /// Whether a write's body (its byte order mark already split off) is read
 /// as JSON: its `Content-Type` is JSON, or it has none and starts with `{`.
 ///
-/// A body declared as something else (`text/plain`, or the form type
-/// `curl -d` sends by default) that is a JSON object naming `field` gets
-/// 400: the client evidently meant a version, and lockstep will neither
-/// forward it unchecked nor rewrite a body it was told is not JSON.
+/// A body not read so (declared as something else, such as `text/plain` or
+/// the form type `curl -d` sends by default, or undeclared and not starting
+/// with `{`) that is a JSON object naming `field` to Python's `json.loads`
+/// gets 400: the client evidently meant a version, and lockstep will
+/// neither forward it unchecked nor rewrite a body it cannot read as JSON.
+/// `json.loads` is the reader to match because Django and Flask backends
+/// commonly call it on the raw body whatever its type, and it reads more
+/// than strict JSON: `NaN`, `Infinity` and `-Infinity`, and bodies in
+/// UTF-16 or UTF-32, which it recognises by their zero bytes.
 pub fn write_body_is_json(headers: &HeaderMap, body: &[u8], field: &str) -> Result<bool, Error> {
     if stamp::is_json(headers) {
         return Ok(true);
     }
-    let starts_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    let Some(declared) = headers.get(CONTENT_TYPE) else {
-        return Ok(starts_object);
-    };
-    if field.is_empty() || !starts_object {
+    let starts_object =
+        |bytes: &[u8]| bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let declared = headers.get(CONTENT_TYPE);
+    // UTF-16 starts with `{` too when little-endian: told apart first.
+    let wide = python_wide_text(body);
+    if declared.is_none() && wide.is_none() && starts_object(body) {
+        return Ok(true);
+    }
+    if field.is_empty() {
+        return Ok(false);
+    }
+    let text = wide.as_deref().unwrap_or(body);
+    if !starts_object(text) {
         return Ok(false);
     }
     let parse = |bytes: &[u8]| {
         serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes).ok()
     };
-    // Python's `json.loads` (behind Django's and Flask's readers, which
-    // many backends call whatever the Content-Type) also takes `NaN`,
-    // `Infinity` and `-Infinity`: a body that is JSON to it names its
-    // version as surely.
-    let object = parse(body).or_else(|| parse(&without_python_constants(body)?));
+    let object = parse(text).or_else(|| parse(&as_python_reads(text)?));
     match object {
-        Some(object) if object.contains_key(field) => Err(Error::InvalidBody(format!(
-            "the body is a JSON object with a {field:?} member but its Content-Type is {:?}; \
-             send it as application/json, or put the version in If-Match",
-            String::from_utf8_lossy(declared.as_bytes())
-        ))),
+        Some(object) if object.contains_key(field) => {
+            let read_as = if wide.is_some() {
+                ", in UTF-16 or UTF-32,"
+            } else {
+                ""
+            };
+            let declared = match declared {
+                Some(ct) => format!(
+                    "its Content-Type is {:?}",
+                    String::from_utf8_lossy(ct.as_bytes())
+                ),
+                None => "it has no Content-Type".to_string(),
+            };
+            Err(Error::InvalidBody(format!(
+                "the body is a JSON object{read_as} with a {field:?} member but {declared}; \
+                 send it as UTF-8 application/json, or put the version in If-Match"
+            )))
+        }
         _ => Ok(false),
     }
 }
 
-/// `body` with `NaN`, `Infinity` and `-Infinity` outside strings replaced
-/// by `0`, so that a strict reader parses what Python's reads; `None` when
-/// it has none.
-fn without_python_constants(body: &[u8]) -> Option<Vec<u8>> {
+/// The body as UTF-8 when Python's `json.loads` would read it as UTF-16
+/// or UTF-32 (by its byte order mark, or by where its first zero bytes
+/// lie, as `json.detect_encoding` decides); `None` when it reads UTF-8.
+/// What does not decode becomes U+FFFD: enough to find the members.
+fn python_wide_text(b: &[u8]) -> Option<Vec<u8>> {
+    #[derive(Clone, Copy)]
+    enum Wide {
+        Utf16 { big: bool },
+        Utf32 { big: bool },
+    }
+    let (wide, skip) = match b {
+        [0, 0, 0xFE, 0xFF, ..] => (Wide::Utf32 { big: true }, 4),
+        [0xFF, 0xFE, 0, 0, ..] => (Wide::Utf32 { big: false }, 4),
+        [0xFE, 0xFF, ..] => (Wide::Utf16 { big: true }, 2),
+        [0xFF, 0xFE, ..] => (Wide::Utf16 { big: false }, 2),
+        [0, 0, _, _, ..] => (Wide::Utf32 { big: true }, 0),
+        [0, _, _, _, ..] | [0, _] => (Wide::Utf16 { big: true }, 0),
+        [_, 0, 0, 0, ..] => (Wide::Utf32 { big: false }, 0),
+        [_, 0, _, _, ..] | [_, 0] => (Wide::Utf16 { big: false }, 0),
+        _ => return None,
+    };
+    let b = &b[skip..];
+    let text: String = match wide {
+        Wide::Utf16 { big } => {
+            if !b.len().is_multiple_of(2) {
+                return None;
+            }
+            let units = b.chunks_exact(2).map(|c| {
+                let pair = [c[0], c[1]];
+                if big {
+                    u16::from_be_bytes(pair)
+                } else {
+                    u16::from_le_bytes(pair)
+                }
+            });
+            // Python decodes with `surrogatepass`: a lone surrogate does
+            // not stop it, so it does not stop this reading either.
+            char::decode_utf16(units)
+                .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                .collect()
+        }
+        Wide::Utf32 { big } => {
+            if !b.len().is_multiple_of(4) {
+                return None;
+            }
+            b.chunks_exact(4)
+                .map(|c| {
+                    let quad = [c[0], c[1], c[2], c[3]];
+                    let code = if big {
+                        u32::from_be_bytes(quad)
+                    } else {
+                        u32::from_le_bytes(quad)
+                    };
+                    char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER)
+                })
+                .collect()
+        }
+    };
+    Some(text.into_bytes())
+}
+
+/// `body` as a strict reader can parse what Python's `json.loads` reads
+/// in it: `NaN`, `Infinity` and `-Infinity` outside strings become `0`,
+/// and escapes of lone surrogates (`\ud800`, which Python takes and strict
+/// JSON does not) become `\ufffd`; `None` when it has none of them.
+fn as_python_reads(body: &[u8]) -> Option<Vec<u8>> {
     const CONSTANTS: [&[u8]; 3] = [b"-Infinity", b"Infinity", b"NaN"];
     let mut out = Vec::with_capacity(body.len());
     let mut strings = super::splice::Strings::default();
@@ -116,7 +200,17 @@ fn without_python_constants(body: &[u8]) -> Option<Vec<u8>> {
     while i < body.len() {
         let b = body[i];
         if !strings.outside(b) {
-            // In a string: copied as it is.
+            if b == b'\\' && strings.escaping() && surrogate_escape(&body[i..]) {
+                // `\uXXXX`: the five bytes after the backslash are plain
+                // string content to the tracker.
+                for &rest in &body[i + 1..i + 6] {
+                    strings.outside(rest);
+                }
+                out.extend_from_slice(br"\ufffd");
+                i += 6;
+                replaced = true;
+                continue;
+            }
         } else if let Some(c) = CONSTANTS.iter().find(|c| body[i..].starts_with(c)) {
             out.push(b'0');
             i += c.len();
@@ -127,6 +221,20 @@ fn without_python_constants(body: &[u8]) -> Option<Vec<u8>> {
         i += 1;
     }
     replaced.then_some(out)
+}
+
+/// Whether `text` starts with the escape of a UTF-16 surrogate, `\uD800`
+/// to `\uDFFF` (paired or not: replacing a pair too changes no member name
+/// that matters here).
+fn surrogate_escape(text: &[u8]) -> bool {
+    match text {
+        [b'\\', b'u', d, x, _, _, ..] => {
+            d.eq_ignore_ascii_case(&b'd')
+                && matches!(x.to_ascii_lowercase(), b'8'..=b'9' | b'a'..=b'f')
+                && text[4..6].iter().all(u8::is_ascii_hexdigit)
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -150,6 +258,69 @@ mod tests {
         assert_eq!(&rest[..], b"{\"a\":1}");
         let plain = Bytes::from_static(b"{}");
         assert_eq!(split_bom(&plain), (false, plain.clone()));
+    }
+
+    fn utf16(text: &str, big: bool, bom: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        if bom {
+            out.extend(if big { [0xFE, 0xFF] } else { [0xFF, 0xFE] });
+        }
+        for unit in text.encode_utf16() {
+            out.extend(if big {
+                unit.to_be_bytes()
+            } else {
+                unit.to_le_bytes()
+            });
+        }
+        out
+    }
+
+    fn utf32(text: &str, big: bool) -> Vec<u8> {
+        text.chars()
+            .flat_map(|c| {
+                if big {
+                    u32::from(c).to_be_bytes()
+                } else {
+                    u32::from(c).to_le_bytes()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn wide_bodies_are_read_as_pythons_json_reader_reads_them() {
+        let v = r#"{"version": 9, "t": "\u00e9\ud800 é"}"#;
+        let plain = typed(Some("text/plain"));
+        for body in [
+            utf16(v, false, false),
+            utf16(v, true, false),
+            utf16(v, false, true),
+            utf16(v, true, true),
+            utf32(v, false),
+            utf32(v, true),
+            [vec![0, 0, 0xFE, 0xFF], utf32(v, true)].concat(),
+            [vec![0xFF, 0xFE, 0, 0], utf32(v, false)].concat(),
+        ] {
+            assert_eq!(python_wide_text(&body).unwrap(), v.as_bytes(), "{body:?}");
+            let e = write_body_is_json(&plain, &body, "version").unwrap_err();
+            assert!(e.to_string().contains("UTF-16 or UTF-32"), "{e}");
+            // Undeclared too: it does not start with `{`, yet it is JSON.
+            assert!(write_body_is_json(&typed(None), &body, "version").is_err());
+            // Without the member, or with body versions off, it passes.
+            assert!(!write_body_is_json(&plain, &body, "other").unwrap());
+            assert!(!write_body_is_json(&plain, &body, "").unwrap());
+        }
+        // A lone surrogate (Python's `surrogatepass`) does not hide it.
+        let mut lone = utf16(r#"{"version": 9, "t": "x"}"#, false, false);
+        lone.splice(42..44, [0x00, 0xD8]);
+        assert!(write_body_is_json(&plain, &lone, "version").is_err());
+        // UTF-8 text, odd lengths and three bytes are not wide.
+        // Nor does an escaped one in UTF-8, which strict JSON refuses.
+        let escaped = br#"{"version": 9, "t": "\uDBFF"}"#;
+        assert!(write_body_is_json(&plain, escaped, "version").is_err());
+        assert_eq!(python_wide_text(br#"{"a":1}"#), None);
+        assert_eq!(python_wide_text(b"{\0\0"), None);
+        assert_eq!(python_wide_text(b"{\0\0\0\0"), None);
     }
 
     #[test]
@@ -187,9 +358,9 @@ mod tests {
         assert!(!write_body_is_json(&plain, br#"{"a":NaN}"#, "version").unwrap());
         assert!(!write_body_is_json(&plain, br#"{"a":"NaN \" version"}"#, "version").unwrap());
         assert_eq!(
-            without_python_constants(br#"{"s":"NaN\"Infinity","n":-Infinity}"#).unwrap(),
+            as_python_reads(br#"{"s":"NaN\"Infinity","n":-Infinity}"#).unwrap(),
             br#"{"s":"NaN\"Infinity","n":0}"#.to_vec()
         );
-        assert_eq!(without_python_constants(br#"{"a":1}"#), None);
+        assert_eq!(as_python_reads(br#"{"a":1}"#), None);
     }
 }

@@ -918,6 +918,11 @@ impl Strings {
     pub fn open(&self) -> bool {
         self.inside
     }
+
+    /// Whether the last byte taken began an escape (`\` in a string).
+    pub fn escaping(&self) -> bool {
+        self.escaped
+    }
 }
 
 /// The pieces as one buffer (copies only when there is more than one).
