@@ -269,6 +269,82 @@ async fn a_lock_that_cannot_be_renewed_within_its_ttl_stops_the_command() {
     assert!(stderr(&out).contains("within its TTL"), "{}", stderr(&out));
 }
 
+/// A TCP relay to `target` that can be cut: then it refuses new
+/// connections and drops the open ones, as a network partition would.
+struct Relay {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn to(target: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut pipes = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                pipes.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Relay { addr, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Drops the listener and every open pipe (the JoinSet aborts its
+    /// tasks when dropped with the accept loop).
+    fn cut(&self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_command_cut_off_from_lockstep_is_gone_before_another_machine_can_take_the_lock() {
+    let ls = Lockstep::builder().start();
+    let relay = Relay::to(ls.admin_addr()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // --kill-after stays at its 10 s default: longer than the TTL.
+    let mut run = lock(
+        &relay.url(),
+        &["job", "--owner", "cron-a", "--ttl", "900ms"],
+        TRAPS_TERM,
+        dir.path(),
+    );
+    wait_for_file(dir.path().join("started")).await;
+    relay.cut();
+
+    // Another machine, which still reaches lockstep, takes the lock the
+    // moment it lapses; by then this run must be over.
+    let client = Client::new();
+    let taken = eventually(RUN_TIMEOUT, "the lock lapsing", || {
+        let client = &client;
+        let url = ls.admin_url_for("/locks/job");
+        async move {
+            let resp = client
+                .post(url, json!({"owner": "cron-b", "ttl_ms": 60_000}))
+                .send()
+                .await;
+            (resp.status == 200).then_some(())
+        }
+    });
+    taken.await;
+    let exited = run.try_wait().unwrap();
+    assert!(
+        exited.is_some(),
+        "COMMAND's lockstep lock still ran when another owner got the lock"
+    );
+    assert!(dir.path().join("got-term").exists(), "no SIGTERM");
+    let out = finish(run).await;
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(stderr(&out).contains("within its TTL"), "{}", stderr(&out));
+}
+
 #[tokio::test]
 async fn a_command_ignoring_sigterm_gets_sigkill_after_kill_after() {
     let ls = Lockstep::builder().start();

@@ -11,10 +11,15 @@
 //! Why the command is stopped when a renewal fails: once the lock may have
 //! passed to someone else, letting the command go on is exactly the overlap
 //! the lock exists to prevent. "May have passed" means the server said so
-//! (409 or 404), or no renewal got through before the TTL ran out, counted
-//! from when the last successful request was *sent*, which can only be early,
-//! never late. The command then gets SIGTERM, and SIGKILL after
-//! `--kill-after`.
+//! (409 or 404), or no renewal got through in time. "In time" leaves room
+//! for the command to stop before the lock can lapse: the TTL is counted
+//! from when the last successful request was *sent* (which can only be
+//! early, never late), and the command gets SIGTERM a stop grace before it
+//! runs out, and SIGKILL when it does. The grace is `--kill-after` or a
+//! third of the TTL, whichever is shorter: waiting for the TTL itself and
+//! only then signalling let a command cut off from lockstep run on, for up
+//! to `--kill-after`, beside the copy another machine started once the lock
+//! lapsed.
 //!
 //! Why the request body is only `owner` and `ttl_ms`: every lockstep lock API
 //! accepts those two, and a stricter one refuses members it does not know.
@@ -118,7 +123,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     ca_file: Option<PathBuf>,
     /// When the lock is lost, how long COMMAND has between SIGTERM and
-    /// SIGKILL.
+    /// SIGKILL (at most a third of the TTL: COMMAND is gone before the
+    /// lock can lapse).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_after: Duration,
     /// The command to run, after `--`.
@@ -195,9 +201,10 @@ async fn hold(args: Args) -> Result<u8, Failure> {
         }
     };
 
+    let grace = stop_grace(args.kill_after, args.ttl);
     let keeper = {
         let (admin, owner) = (admin.clone(), owner.clone());
-        tokio::spawn(async move { keep(&admin, &owner, args.ttl, granted.at).await })
+        tokio::spawn(async move { keep(&admin, &owner, args.ttl, grace, granted.at).await })
     };
     let mut keeper = AbortOnDrop(keeper);
     let status = loop {
@@ -210,7 +217,7 @@ async fn hold(args: Args) -> Result<u8, Failure> {
                     "lockstep lock: lost the lock on {:?}: {why}; stopping COMMAND",
                     args.resource
                 );
-                stop(&mut child, args.kill_after, &mut signals).await;
+                stop(&mut child, grace, &mut signals).await;
                 return Ok(EXIT_NOT_HELD);
             }
         }
@@ -322,17 +329,33 @@ fn holder(body: &Value) -> String {
     }
 }
 
-/// Renews every third of `ttl` until the lock is lost; returns why.
-async fn keep(admin: &Admin, owner: &str, ttl: Duration, granted_at: Instant) -> String {
+/// How long COMMAND has between SIGTERM and SIGKILL once the lock is lost:
+/// `--kill-after`, but never more than a third of the TTL, so that a
+/// command stopped for want of a renewal is gone when the lock can lapse.
+fn stop_grace(kill_after: Duration, ttl: Duration) -> Duration {
+    kill_after.min(ttl / 3)
+}
+
+/// Renews every third of `ttl` until the lock is lost, or may be lost
+/// within `grace`; returns why.
+async fn keep(
+    admin: &Admin,
+    owner: &str,
+    ttl: Duration,
+    grace: Duration,
+    granted_at: Instant,
+) -> String {
     let period = ttl / 3;
     let retry = (ttl / 10).clamp(Duration::from_millis(20), Duration::from_secs(1));
     let mut lease_end = granted_at + ttl;
     let mut next = granted_at + period;
     let mut last_error = String::new();
     loop {
-        tokio::time::sleep_until(next).await;
+        // COMMAND must be signalled `grace` before the lock can lapse.
+        let stop_at = lease_end.checked_sub(grace).unwrap_or(lease_end);
+        tokio::time::sleep_until(next.min(stop_at)).await;
         let sent = Instant::now();
-        if sent >= lease_end {
+        if sent >= stop_at {
             if last_error.is_empty() {
                 // No renewal was even tried: this process did not run in
                 // time (paused, or starved of CPU).
@@ -340,9 +363,12 @@ async fn keep(admin: &Admin, owner: &str, ttl: Duration, granted_at: Instant) ->
                         (was this process paused?)"
                     .to_string();
             }
-            return format!("no renewal got through within its TTL (last error: {last_error})");
+            return format!(
+                "no renewal got through within its TTL, less {grace:?} for COMMAND to stop \
+                 (last error: {last_error})"
+            );
         }
-        match admin.renew(owner, ttl, lease_end - sent).await {
+        match admin.renew(owner, ttl, stop_at - sent).await {
             Ok(reply) if reply.status == StatusCode::OK => {
                 lease_end = sent + ttl;
                 next = sent + period;
