@@ -86,6 +86,19 @@ pub enum Error {
     BadGateway(String),
     #[error("the backend did not answer within {timeout_ms} ms")]
     GatewayTimeout { timeout_ms: u64 },
+    /// A write was sent and got no answer (`cause`: a 502 or 504): the
+    /// backend may still apply it, so it counted as one. `current_version`
+    /// is the version that counts it (`None` when the lease was lost).
+    #[error(
+        "{cause}; the write may still be applied, so it counted as one{}: the key stays closed to \
+         writes until its write lease runs out, and then its version is bumped again; read the \
+         item before writing it again",
+        current_version.map(|v| format!(" (version now {v})")).unwrap_or_default()
+    )]
+    OutcomeUnknown {
+        cause: Box<Error>,
+        current_version: Option<i64>,
+    },
 
     // ---- the store failed (503) ----
     #[error("the version and lock store is unavailable")]

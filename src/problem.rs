@@ -231,6 +231,17 @@ impl From<&Error> for Problem {
             Error::GatewayTimeout { .. } => {
                 Problem::new(S::GATEWAY_TIMEOUT, "gateway-timeout", "Gateway timeout", detail)
             }
+            Error::OutcomeUnknown {
+                cause,
+                current_version,
+            } => {
+                let mut problem = Problem::from(cause.as_ref());
+                problem.detail = detail;
+                if let Some(v) = current_version {
+                    problem = problem.ext("current_version", json!(v));
+                }
+                problem
+            }
             Error::Unavailable(_) => Problem::new(
                 S::SERVICE_UNAVAILABLE,
                 "unavailable",

@@ -955,7 +955,13 @@ async fn upstream_timeout_is_504_bumps_and_keeps_the_key_closed_until_the_lease_
         .send()
         .await;
     let hung_at = started.elapsed();
-    assert_problem(&hung, 504, "gateway-timeout");
+    let doc = assert_problem(&hung, 504, "gateway-timeout");
+    // The answer says what happened to the write: it counted.
+    assert_eq!(doc["current_version"], 2, "{doc}");
+    assert!(
+        doc["detail"].as_str().unwrap().contains("may still be applied"),
+        "{doc}"
+    );
     assert!(
         hung_at >= Duration::from_millis(450) && hung_at < Duration::from_millis(2000),
         "the 504 should come after request_timeout_ms (500 ms), came after {hung_at:?}"
@@ -1045,7 +1051,12 @@ async fn backend_reset_after_the_request_is_502_bumps_and_closes_the_key() {
         .header("x-backend-apply", "1")
         .send()
         .await;
-    assert_problem(&reset, 502, "bad-gateway");
+    let doc = assert_problem(&reset, 502, "bad-gateway");
+    assert_eq!(doc["current_version"], 2, "{doc}");
+    assert!(
+        doc["detail"].as_str().unwrap().contains("may still be applied"),
+        "{doc}"
+    );
     assert_eq!(
         backend.stored("/articles/z").await,
         Some(json!({"title": "b"})),

@@ -850,7 +850,10 @@ impl Versioning {
                     });
                 }
                 tracing::warn!(key = %key, version = new, error = ?e, "write outcome unknown; key closed until its lease runs out");
-                Err(e.to_error(self.upstream.request_timeout()))
+                Err(Error::OutcomeUnknown {
+                    cause: Box::new(e.to_error(self.upstream.request_timeout())),
+                    current_version: new,
+                })
             }
         }
     }
