@@ -21,6 +21,7 @@ use tokio::sync::Barrier;
 db_tests!(
     a_direct_backend_change_bumps_once_and_the_old_version_gets_409,
     writes_through_lockstep_are_not_drift,
+    a_change_between_a_write_and_the_next_read_is_drift,
     a_change_only_in_an_ignored_pointer_does_not_bump,
     if_none_match_on_a_drifted_item_gets_the_new_body_not_304,
     drift_after_an_unknown_outcome_is_still_noticed,
@@ -122,6 +123,42 @@ async fn writes_through_lockstep_are_not_drift(kind: DbKind) {
     assert_eq!(
         counter(&ls, "lockstep_version_drift_bumps_total").await,
         0.0
+    );
+}
+
+async fn a_change_between_a_write_and_the_next_read_is_drift(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = lockstep(&db, &backend).start();
+    let c = Client::new();
+    backend.seed("/articles/wd", json!({"n": 0})).await;
+    assert_eq!(read(&c, &ls, "/articles/wd").await.0, 1);
+    let w = c
+        .patch(ls.proxy_url_for("/articles/wd"), json!({"n": 1}))
+        .if_match(1)
+        .send()
+        .await;
+    assert_eq!((w.status, w.etag_version()), (200, Some(2)), "{w:?}");
+
+    // Changed behind lockstep's back before anyone read it: the body served
+    // for version 2 was the write's answer, and this is not it.
+    backend.seed("/articles/wd", json!({"n": "cron"})).await;
+    let (v, body) = read(&c, &ls, "/articles/wd").await;
+    assert_eq!((v, &body["n"]), (3, &json!("cron")));
+    // The writer, still holding the version its write returned, is stopped.
+    let stale = c
+        .patch(ls.proxy_url_for("/articles/wd"), json!({"n": 2}))
+        .if_match(2)
+        .send()
+        .await;
+    assert_eq!(stale.status, 409, "{stale:?}");
+    assert_eq!(
+        backend.stored("/articles/wd").await,
+        Some(json!({"n": "cron"}))
+    );
+    assert_eq!(
+        counter(&ls, "lockstep_version_drift_bumps_total").await,
+        1.0
     );
 }
 

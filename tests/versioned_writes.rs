@@ -959,7 +959,10 @@ async fn upstream_timeout_is_504_bumps_and_keeps_the_key_closed_until_the_lease_
     // The answer says what happened to the write: it counted.
     assert_eq!(doc["current_version"], 2, "{doc}");
     assert!(
-        doc["detail"].as_str().unwrap().contains("may still be applied"),
+        doc["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may still be applied"),
         "{doc}"
     );
     assert!(
@@ -1054,7 +1057,10 @@ async fn backend_reset_after_the_request_is_502_bumps_and_closes_the_key() {
     let doc = assert_problem(&reset, 502, "bad-gateway");
     assert_eq!(doc["current_version"], 2, "{doc}");
     assert!(
-        doc["detail"].as_str().unwrap().contains("may still be applied"),
+        doc["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may still be applied"),
         "{doc}"
     );
     assert_eq!(

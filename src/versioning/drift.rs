@@ -356,23 +356,61 @@ impl Versioning {
             ));
         }
         let out = self.finish(scanned, pieces, version).await;
-        let mut parts = parts;
-        set_etag(&mut parts.headers, version);
-        if coding.is_some() {
-            // The coding followed the request's Accept-Encoding.
-            coding::vary_on_accept_encoding(&mut parts.headers);
+        let resp = assembled(parts, out, version, coding.is_some(), head);
+        Ok((resp, outcome(version, what)))
+    }
+
+    /// The answer to a committed write on a route with drift detection:
+    /// stamped with `version` like any write's, and its body's hash
+    /// recorded for that version, as a read right after the write would.
+    /// Why: the hash is of the last body served under the key's version,
+    /// and this answer is one. Without it the first read after a write
+    /// recorded whatever the backend then held, so a change made behind
+    /// lockstep's back between the write and that read was never seen, and
+    /// the writer, still holding the version its write returned, overwrote
+    /// it. The record is the read path's (only while no hash is stored for
+    /// this version and no write is in flight); a failure to record leaves
+    /// the version as committed.
+    pub(super) async fn committed_checked(
+        &self,
+        resp: Response<PooledBody>,
+        key: &str,
+        version: i64,
+        policy: &DriftPolicy,
+    ) -> Result<Response<Body>> {
+        let (parts, incoming) = resp.into_parts();
+        let coding = coding::of(&parts.headers);
+        let checkable = stamp::is_json(&parts.headers)
+            && coding.is_ok()
+            && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED);
+        if !checkable {
+            let resp = Response::from_parts(parts, incoming);
+            return self.stamp(resp, version, false, None).await;
         }
-        let len: usize = out.iter().map(Bytes::len).sum();
-        parts.headers.remove(header::TRANSFER_ENCODING);
-        parts
-            .headers
-            .insert(header::CONTENT_LENGTH, http::HeaderValue::from(len));
-        let body = if head {
-            body::empty()
-        } else {
-            body::pieces(out)
+        let pieces = match self.buffer_response(incoming).await? {
+            Collected::Complete(pieces) => pieces,
+            too_large @ Collected::TooLarge { .. } => {
+                return Ok(self
+                    .stamp_parts(parts, too_large, version, false, None)
+                    .await);
+            }
         };
-        Ok((Response::from_parts(parts, body), outcome(version, what)))
+        let coding = coding.ok().flatten();
+        let Some(scanned) = self.scan(coding, pieces.clone(), policy).await else {
+            let complete = Collected::Complete(pieces);
+            return Ok(self
+                .stamp_parts(parts, complete, version, false, None)
+                .await);
+        };
+        if let Err(e) = self
+            .store
+            .record_hash(key, version, true, &scanned.hash)
+            .await
+        {
+            tracing::warn!(error = %crate::error::chain(&e), key, "recording the written body's drift hash failed; the next read records one");
+        }
+        let out = self.finish(scanned, pieces, version).await;
+        Ok(assembled(parts, out, version, coding.is_some(), false))
     }
 
     /// Decodes and scans the body (off the async workers when it is large
@@ -496,6 +534,33 @@ impl Versioning {
         }
         Ok(Verdict::Same(seen))
     }
+}
+
+/// A checked body's response: `out` under `version`, its length fixed
+/// (and `Vary` added when it was coded as the request's Accept-Encoding
+/// chose).
+fn assembled(
+    mut parts: http::response::Parts,
+    out: Vec<Bytes>,
+    version: i64,
+    coded: bool,
+    head: bool,
+) -> Response<Body> {
+    set_etag(&mut parts.headers, version);
+    if coded {
+        coding::vary_on_accept_encoding(&mut parts.headers);
+    }
+    let len: usize = out.iter().map(Bytes::len).sum();
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    let body = if head {
+        body::empty()
+    } else {
+        body::pieces(out)
+    };
+    Response::from_parts(parts, body)
 }
 
 #[cfg(test)]

@@ -267,13 +267,19 @@ impl Versioning {
             }
             (
                 Route::Item {
-                    key, path, fence, ..
+                    key,
+                    path,
+                    fence,
+                    drift,
+                    ..
                 },
                 &Method::PUT | &Method::PATCH | &Method::DELETE,
             ) => {
                 telemetry::record_key(key);
                 let pq = with_query(path, req.uri());
-                let result = self.write(req, key, fence, pq, inbound).await;
+                let result = self
+                    .write(req, key, fence, drift.clone(), pq, inbound)
+                    .await;
                 (RequestKind::VersionedWrite, key.clone(), result)
             }
             // An override turning a POST to the collection into a write of
@@ -481,6 +487,7 @@ impl Versioning {
         req: Request<Body>,
         key: &str,
         fencing: &Fencing,
+        drift: Option<Arc<DriftPolicy>>,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
     ) -> Answer {
@@ -490,7 +497,7 @@ impl Versioning {
         // check it too. The task keeps the request's span.
         let this = self.clone();
         let key = key.to_string();
-        let claimed = async move { this.claimed_write(key, expected, fence, fwd).await };
+        let claimed = async move { this.claimed_write(key, expected, fence, drift, fwd).await };
         tokio::spawn(claimed.instrument(tracing::Span::current()))
             .await
             .unwrap_or_else(
@@ -621,6 +628,7 @@ impl Versioning {
         key: String,
         expected: Expected,
         fence: Option<Fence>,
+        drift: Option<Arc<DriftPolicy>>,
         fwd: Request<Body>,
     ) -> Answer {
         let lease_id = lease_id::next();
@@ -645,7 +653,11 @@ impl Versioning {
         };
         match settled {
             Settled::Committed { resp, version } => {
-                let resp = self.stamp(resp, version, false, None).await.at(held)?;
+                let resp = match &drift {
+                    Some(policy) => self.committed_checked(resp, &key, version, policy).await,
+                    None => self.stamp(resp, version, false, None).await,
+                }
+                .at(held)?;
                 Ok((resp, outcome(Some(version), "committed")))
             }
             Settled::Unstamped {
