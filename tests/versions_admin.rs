@@ -19,6 +19,7 @@ db_tests!(
     a_bump_makes_the_old_version_409,
     a_bump_racing_a_write_in_flight_waits_and_both_count,
     a_bump_that_cannot_wait_long_enough_is_503_write_in_progress,
+    a_lease_that_runs_out_moves_the_update_time_with_the_version,
     a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else,
     bad_keys_and_bodies_are_400_and_change_nothing,
     keys_no_request_can_have_are_400_and_change_nothing,
@@ -153,6 +154,55 @@ async fn a_bump_racing_a_write_in_flight_waits_and_both_count(kind: DbKind) {
         .await;
     assert_eq!(r.json()["version"], 4);
     assert_eq!(r.json()["write_in_flight"], false);
+}
+
+async fn a_lease_that_runs_out_moves_the_update_time_with_the_version(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let ls = db
+        .lockstep()
+        .upstream(backend.url())
+        .upstream_toml("connect_timeout_ms = 200\nrequest_timeout_ms = 300")
+        .versioning_toml("write_lease_ms = 900")
+        .start();
+    let c = Client::new();
+    assert_eq!(put(&c, &ls, "/articles/lapse", 1).await, 2);
+    let hung = c
+        .patch(
+            ls.proxy_url_for("/articles/lapse"),
+            json!({"title": "hung"}),
+        )
+        .if_match(2)
+        .header("x-backend-hang", "1")
+        .send()
+        .await;
+    assert_eq!(hung.status, 504, "{hung:?}");
+    let during = c
+        .get(ls.admin_url_for("/versions/articles/lapse"))
+        .send()
+        .await
+        .json();
+    assert_eq!(
+        (&during["version"], &during["write_in_flight"]),
+        (&json!(3), &json!(true)),
+        "{during}"
+    );
+    // The lease runs out: the version readers see moves on, and so does
+    // the time it last changed (RFC 3339 in one format: ordered as text).
+    let after = common::eventually(Duration::from_secs(5), "the lease running out", || async {
+        let r = c
+            .get(ls.admin_url_for("/versions/articles/lapse"))
+            .send()
+            .await
+            .json();
+        (r["write_in_flight"] == false).then_some(r)
+    })
+    .await;
+    assert_eq!(after["version"], 4, "{after}");
+    assert!(
+        after["updated_at"].as_str().unwrap() > during["updated_at"].as_str().unwrap(),
+        "{during} then {after}"
+    );
 }
 
 async fn a_bump_that_cannot_wait_long_enough_is_503_write_in_progress(kind: DbKind) {

@@ -20,10 +20,15 @@ impl VersionOpsSql {
         // collations need not order a prefix's keys together).
         let under = "substr(key, 1, CAST($2 AS INTEGER)) = $1";
         Self {
+            // A lease that ran out uncommitted counts as a bump made when it
+            // ran out (the next claim or read stores it): that moment is
+            // when the version a reader is shown last changed.
             detail: Stmt::new(
                 "version_detail",
                 format!(
-                    "SELECT version, lease_id, lease_until - {now}, updated_at, \
+                    "SELECT version, lease_id, lease_until - {now}, \
+                       CASE WHEN lease_id IS NOT NULL AND lease_until <= {now} \
+                         THEN lease_until ELSE updated_at END, \
                        CASE WHEN hash_version = version THEN body_hash END \
                      FROM versions WHERE key = $1"
                 ),
