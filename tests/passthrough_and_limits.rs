@@ -982,6 +982,21 @@ async fn http2_prior_knowledge_works_for_passthrough_reads_and_writes() {
         json!([addr.to_string()])
     );
 
+    // A Host beside :authority must name the same host (RFC 9113 §8.3.1).
+    let same = addr.to_string();
+    let (status, _, _, _) = h2_request(addr, Method::GET, "/echo/h2", &[("host", &same)], "").await;
+    assert_eq!(status, 200);
+    let (status, _, headers, body) = h2_request(
+        addr,
+        Method::GET,
+        "/echo/h2",
+        &[("host", "other.example")],
+        "",
+    )
+    .await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["content-type"], "application/problem+json");
+
     let (status, version, headers, body) =
         h2_request(addr, Method::GET, "/articles/h2", &[], "").await;
     assert_eq!((status, version), (200, Version::HTTP_2));

@@ -286,6 +286,19 @@ fn host_problem(req: &Request<Incoming>) -> Option<Error> {
         (Some(host), None) if !host.is_empty() && !is_host_and_port(host.as_bytes()) => {
             format!("the Host header {host:?} is not a host with an optional port")
         }
+        // RFC 9113 §8.3.1: malformed. lockstep forwards `:authority`, and
+        // a backend behind another hop might route by the other.
+        (Some(host), None)
+            if req.version() == Version::HTTP_2
+                && req.uri().authority().is_some_and(|a| {
+                    !a.as_str().as_bytes().eq_ignore_ascii_case(host.as_bytes())
+                }) =>
+        {
+            format!(
+                "the Host header {host:?} names another host than the request's :authority; \
+                 send one, or both the same"
+            )
+        }
         _ => return None,
     };
     Some(Error::InvalidRequest(detail))
