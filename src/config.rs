@@ -40,6 +40,9 @@ pub struct Config {
 /// overflow); a setting this long already means "never" in practice.
 pub const MAX_DURATION_MS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
 
+/// The most proxy workers `server.workers` may ask for.
+pub const MAX_WORKERS: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -387,6 +390,14 @@ impl Config {
         }
         if self.server.max_header_bytes < 8192 {
             return invalid("server.max_header_bytes must be at least 8192".into());
+        }
+        // Each worker is a thread with its own runtime and upstream pool:
+        // past this, a typo rather than a machine.
+        if self.server.workers > MAX_WORKERS {
+            return invalid(format!(
+                "server.workers ({}) must be at most {MAX_WORKERS} (0: half the CPUs)",
+                self.server.workers
+            ));
         }
         let upstream: http::Uri = self.upstream.url.parse().map_err(|e| {
             ConfigError::Invalid(format!(
@@ -978,6 +989,13 @@ mod tests {
         assert_eq!(c.locks.sweep_interval, ms(60_000));
         assert_eq!(c.tls_reload_interval, ms(10_000));
         assert_eq!(c.api_tokens_reload_interval, ms(10_000));
+    }
+
+    #[test]
+    fn a_worker_count_past_the_limit_is_an_error() {
+        assert!(load("[server]\nworkers = 1024\n", &[]).is_ok());
+        let e = load("[server]\nworkers = 100000\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("server.workers (100000)"), "{e}");
     }
 
     #[test]
