@@ -13,7 +13,7 @@
 use bytes::Bytes;
 use http::header::{HeaderMap, CONTENT_ENCODING, CONTENT_TYPE};
 
-use super::stamp;
+use super::{coding, stamp};
 use crate::error::Error;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -28,23 +28,18 @@ pub fn split_bom(body: &Bytes) -> (bool, Bytes) {
 }
 
 /// The content codings a request's body was sent in (`Content-Encoding`,
-/// every line of it), or `None` when it names none but `identity`.
+/// every line of it, as [`coding::of`] reads a response's), or `None` when
+/// it names none but `identity`.
 pub fn content_coding(headers: &HeaderMap) -> Option<String> {
-    let all = headers
-        .get_all(CONTENT_ENCODING)
-        .iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()))
-        .collect::<Vec<_>>()
-        .join(",");
-    let codings: Vec<&str> = all
-        .split(',')
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .collect();
-    if codings.iter().all(|c| c.eq_ignore_ascii_case("identity")) {
+    if matches!(coding::of(headers), Ok(None)) {
         return None;
     }
-    Some(codings.join(", "))
+    let lines: Vec<_> = headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string())
+        .collect();
+    Some(lines.join(", "))
 }
 
 /// Refuses a versioned write whose body is sent compressed, when versions

@@ -293,9 +293,7 @@ impl Versioning {
         let seen = detail.state.version;
         let (parts, incoming) = resp.into_parts();
         let coding = coding::of(&parts.headers);
-        let checkable = stamp::is_json(&parts.headers)
-            && coding.is_ok()
-            && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED);
+        let checkable = is_checkable(&parts);
         let outcome = |after, o| Outcome {
             before: Some(seen),
             after: Some(after),
@@ -380,9 +378,7 @@ impl Versioning {
     ) -> Result<Response<Body>> {
         let (parts, incoming) = resp.into_parts();
         let coding = coding::of(&parts.headers);
-        let checkable = stamp::is_json(&parts.headers)
-            && coding.is_ok()
-            && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED);
+        let checkable = is_checkable(&parts);
         if !checkable {
             let resp = Response::from_parts(parts, incoming);
             return self.stamp(resp, version, false, None).await;
@@ -534,6 +530,14 @@ impl Versioning {
         }
         Ok(Verdict::Same(seen))
     }
+}
+
+/// Whether a response's body is one drift is judged on: a `200`/`201`
+/// JSON body in no coding or one lockstep can decode.
+fn is_checkable(parts: &http::response::Parts) -> bool {
+    stamp::is_json(&parts.headers)
+        && coding::of(&parts.headers).is_ok()
+        && (parts.status == StatusCode::OK || parts.status == StatusCode::CREATED)
 }
 
 /// A checked body's response: `out` under `version`, its length fixed
