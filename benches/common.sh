@@ -48,18 +48,21 @@ install_pkgs() {
         apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
 }
 
-# build_lockstep: cargo build --release (unless BENCH_SKIP_BUILD=1); sets LOCKSTEP
-# to the binary.
+# build_lockstep: cargo build --release (unless BENCH_SKIP_BUILD=1), with the
+# lock rows' load generator (benches/lock_load.rs); sets LOCKSTEP and
+# LOCK_LOAD to the binaries.
 build_lockstep() {
     local target_dir
     if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
-        log "cargo build --release"
-        (cd "$ROOT" && cargo build --release >&2)
+        log "cargo build --release (lockstep and the lock_load example)"
+        (cd "$ROOT" && cargo build --release --bin lockstep --example lock_load >&2)
     fi
     target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
     [[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
     LOCKSTEP=$target_dir/release/lockstep
+    LOCK_LOAD=$target_dir/release/examples/lock_load
     [[ -x $LOCKSTEP ]] || die "no lockstep binary at $LOCKSTEP"
+    [[ -x $LOCK_LOAD ]] || die "no lock_load binary at $LOCK_LOAD (cargo build --release --example lock_load)"
     # Flush what the build wrote, or its write-back slows the fsync-bound rows.
     sync
 }
@@ -329,3 +332,53 @@ wrk_sockerr() {
 num() { awk -v v="$1" 'BEGIN {if (v ~ /^[0-9.]+$/) printf "%.0f", v; else print v}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 verdict() { awk -v r="$1" -v t="$2" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "meets"; else print "**below**"}'; }
+
+CLK_TCK=$(getconf CLK_TCK)
+# group_ticks PGID: CPU time (user + system, clock ticks) used so far by the
+# processes of a process group; every server runs as its own group.
+group_ticks() {
+    local pid t sum=0
+    for pid in $(pgrep -g "$1"); do
+        t=$(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null) || continue
+        sum=$((sum + ${t:-0}))
+    done
+    echo "$sum"
+}
+
+# child_us FILE: the CPU time (user + system, µs) of a subshell's children,
+# from the second line of bash's `times` output written to FILE.
+child_us() {
+    awk 'NR == 2 {
+        t = 0
+        for (i = 1; i <= 2; i++) { split($i, a, "m"); sub(/s$/, "", a[2]); t += a[1] * 60 + a[2] }
+        printf "%.0f\n", t * 1000000; f = 1
+    } END { if (!f) print 0 }' "$1"
+}
+
+# lock_load_run NAME ADDR CLIENTS: benches/lock_load.rs, a warm-up of WARMUP s
+# (when > 0), then a measured run of DURATION s into $TMP/lock-NAME.txt
+# (its LOCKS line); sets LOAD_US to the CPU time (µs) the load generator
+# used in the measured run. With CPU_GROUP set, sets CPU_US to that process
+# group's CPU time in the same run.
+lock_load_run() {
+    local name=$1 addr=$2 clients=$3 before
+    if ((WARMUP > 0)); then
+        log "$name: warm-up ${WARMUP}s"
+        timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" --seconds "$WARMUP" \
+            --run "warmup-$name" --ttl-ms "$LOCK_TTL_MS" >"$TMP/warm-$name.txt" 2>&1 ||
+            die "$name: lock_load warm-up failed: $(tail -5 "$TMP/warm-$name.txt")"
+    fi
+    log "$name: lock_load --clients $clients --seconds $DURATION, $addr"
+    [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
+    (
+        timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" --seconds "$DURATION" \
+            --run "measure-$name" --ttl-ms "$LOCK_TTL_MS" >"$TMP/lock-$name.txt" 2>&1
+        rc=$?
+        times >"$TMP/times-$name.txt"
+        exit $rc
+    ) || die "$name: lock_load failed: $(tail -5 "$TMP/lock-$name.txt")"
+    LOAD_US=$(child_us "$TMP/times-$name.txt")
+    CPU_US=0
+    [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
+    return 0
+}

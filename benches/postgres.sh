@@ -6,7 +6,7 @@
 #   benches/postgres.sh
 #
 # Rows:
-#   1 lockstep lock API        wrk + benches/lock_pairs.lua: POST + DELETE /locks/{r}
+#   1 lockstep lock API        benches/lock_load.rs: POST + DELETE /locks/{r}
 #   2 pgbench lock SQL         lockstep's acquire + release statements (src/store/statements/locks.rs)
 #   3 lockstep versioned PATCH wrk + benches/patch_items.lua: PATCH /items/<thread>, no precondition
 #   4 pgbench version SQL      claim_existing + commit (src/store/statements/versions.rs)
@@ -39,7 +39,7 @@ DURATION=${BENCH_DURATION:-8}
 WARMUP=${BENCH_WARMUP:-2}
 CLIENTS=${BENCH_CLIENTS:-32}
 OUT=${BENCH_OUT:-$HERE/results/postgres-latest.md}
-export LOCK_TTL_MS=30000 # lock_pairs.lua reads it too
+export LOCK_TTL_MS=30000 # lock_load --ttl-ms
 WRITE_LEASE_MS=20000     # lockstep's default versioning.write_lease_ms
 
 for v in DURATION WARMUP CLIENTS; do
@@ -359,13 +359,13 @@ pgbench_run() {
 }
 
 # 1. lockstep lock pairs
-wrk_run locks "http://127.0.0.1:$P_ADMIN" -s "$HERE/lock_pairs.lua" --timeout 10s
-line=$(grep '^LOCKS ' "$TMP/wrk-locks.txt") || die "lock_pairs.lua printed no summary"
+lock_load_run locks "127.0.0.1:$P_ADMIN" "$CLIENTS"
+line=$(grep '^LOCKS ' "$TMP/lock-locks.txt") || die "lock_load printed no summary"
 L_RPS=$(awk -v p="$(kv "$line" pairs)" -v s="$(kv "$line" seconds)" 'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
 L_P99=$(kv "$line" p99_ms)
 L_FAILS=$(($(kv "$line" post_bad) + $(kv "$line" del_bad)))
 L_STATUSES=$(kv "$line" statuses)
-L_SOCKERR=$(wrk_sockerr "$TMP/wrk-locks.txt")
+L_SOCKERR=0 # lock_load stops the run at the first one
 
 # 2. pgbench lock statements
 read -r PL_TPS PL_TXNS PL_ALL PL_P99 PL_FAILED < <(pgbench_run pg-locks "$TMP/locks.sql")
@@ -423,7 +423,7 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "| # | row | ops/s | p99 latency | failures | how |"
     echo "|---|---|---:|---:|---:|---|"
-    echo "| 1 | lockstep lock API, pairs/s | $(num "$L_RPS") | $L_P99 ms per request | $((L_FAILS + L_SOCKERR)) | wrk -t$CLIENTS -c$CLIENTS + \`benches/lock_pairs.lua\`: \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener |"
+    echo "| 1 | lockstep lock API, pairs/s | $(num "$L_RPS") | $L_P99 ms per request | $((L_FAILS + L_SOCKERR)) | \`benches/lock_load.rs\` (one thread, a connection per client): \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener |"
     echo "| 2 | pgbench, lock SQL, pairs/s | $(num "$PL_TPS") | $PL_P99 ms per pair | $PL_FAILED | \`pgbench -n -c $CLIENTS -j 2 -T $DURATION\`: lockstep's \`acquire\` then \`release\` statement, each its own autocommit transaction |"
     echo "| 3 | lockstep versioned PATCH, writes/s | $(num "$W_RPS") | $W_P99 ms per request | $((W_FAILS + W_SOCKERR)) | wrk -t$CLIENTS -c$CLIENTS + \`benches/patch_items.lua\`: \`PATCH /items/<thread>\` without a precondition → 200, backend nginx |"
     echo "| 4 | pgbench, version SQL, writes/s | $(num "$PV_TPS") | $PV_P99 ms per write | $PV_FAILED | \`pgbench -n -c $CLIENTS -j 2 -T $DURATION\`: \`claim_existing\` then \`commit\`, each its own autocommit transaction |"
@@ -464,7 +464,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "- Every statement is its own transaction with a synchronous commit (WAL flush) on both sides: the" \
         "rows are bounded by PostgreSQL's group commit on this disk, and the ratios are the cost of lockstep's" \
         "HTTP, pool and (row 3) backend round trip on top."
-    echo "- All processes share $(nproc) CPUs: wrk ($CLIENTS threads) or pgbench compete with PostgreSQL and" \
+    echo "- All processes share $(nproc) CPUs: lock_load (one thread), wrk ($CLIENTS threads) or pgbench (2) compete with PostgreSQL and" \
         "lockstep; compare rows and ratios within one run."
     for n in ${NOTES[@]+"${NOTES[@]}"}; do echo "- $n"; done
 } >"$OUT"

@@ -58,7 +58,7 @@ LOCK_CLIENTS=${BENCH_LOCK_CLIENTS:-32}
 ROUNDS=${BENCH_ROUNDS:-1}
 OUT=${BENCH_OUT:-$HERE/results/latest.md}
 CHART=${OUT%.md}-ratios.svg # the report links it by its name: keep the two together
-export LOCK_TTL_MS=30000 # lock_pairs.lua reads it too
+export LOCK_TTL_MS=30000 # lock_load --ttl-ms
 
 for v in DURATION CONNECTIONS THREADS WARMUP LOCK_CLIENTS ROUNDS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "BENCH_$v must be a whole number, got '${!v}'"
@@ -206,9 +206,11 @@ log "starting redis on :$P_REDIS (no persistence) and :$P_REDIS_FSYNC (appendfsy
 mkdir -p "$TMP/redis" "$TMP/redis-fsync"
 start redis redis-server --bind 127.0.0.1 --port "$P_REDIS" --dir "$TMP/redis" \
     --save "" --appendonly no --daemonize no --protected-mode yes
+REDIS_GROUP=$LAST_PID
 wait_redis redis "$LAST_PID" "$P_REDIS"
 start redis-fsync redis-server --bind 127.0.0.1 --port "$P_REDIS_FSYNC" --dir "$TMP/redis-fsync" \
     --save "" --appendonly yes --appendfsync always --daemonize no --protected-mode yes
+REDIS_FSYNC_GROUP=$LAST_PID
 wait_redis redis-fsync "$LAST_PID" "$P_REDIS_FSYNC"
 
 # ---------------------------------------------------------- sanity checks ----
@@ -304,22 +306,12 @@ wrk_p99_ms() {
 }
 wrk_non2xx() { awk -F': *' '/Non-2xx or 3xx responses/ {print $2; f=1} END {if (!f) print 0}' "$1"; }
 
-CLK_TCK=$(getconf CLK_TCK)
-# group_ticks PGID: CPU time (user + system, clock ticks) used so far by the
-# processes of a process group; every server runs as its own group.
-group_ticks() {
-    local pid t sum=0
-    for pid in $(pgrep -g "$1"); do
-        t=$(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null) || continue
-        sum=$((sum + ${t:-0}))
-    done
-    echo "$sum"
-}
-
 # wrk_run NAME THREADS CONNECTIONS URL [wrk options...]: warm-up, then the
 # measured run into $TMP/wrk-NAME.txt. With CPU_GROUP set, sets CPU_US to the
 # CPU time (µs) that process group used during the measured run; BACKEND_US
-# is the same for the nginx backend.
+# is the same for the nginx backend, LOAD_US for wrk itself (the load
+# generator shares the 2 CPUs with the servers: its share is part of the
+# budget every row is measured in).
 wrk_run() {
     local name=$1 t=$2 c=$3 url=$4 before
     shift 4
@@ -331,20 +323,27 @@ wrk_run() {
     log "$name: wrk -t$t -c$c -d${DURATION}s $url"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
     backend_before=$(group_ticks "$BACKEND_GROUP")
-    BENCH_RUN=measure-$name wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" >"$TMP/wrk-$name.txt" 2>&1 ||
-        die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
+    (
+        BENCH_RUN=measure-$name wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" >"$TMP/wrk-$name.txt" 2>&1
+        rc=$?
+        times >"$TMP/times-$name.txt"
+        exit $rc
+    ) || die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
+    LOAD_US=$(child_us "$TMP/times-$name.txt")
     CPU_US=0
     [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
     BACKEND_US=$((($(group_ticks "$BACKEND_GROUP") - backend_before) * 1000000 / CLK_TCK))
     return 0
 }
 wrk_requests() { awk '/ requests in / {print $1; f=1} END {if (!f) print 0}' "$1"; }
+# sum_us A B: A + B, or n/a when either is not a number
+sum_us() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9]+$/ && b ~ /^[0-9]+$/) print a + b; else print "n/a"}'; }
 # per_unit MICROSECONDS COUNT: µs per request (or pair), whole
 per_unit() { awk -v u="$1" -v n="$2" 'BEGIN {if (n > 0) printf "%.0f", u / n; else print "n/a"}'; }
 
 # Figures per "row:round". FAILS counts non-2xx answers (or failed SQL) and
 # SOCKERR socket errors.
-declare -A RPS P99 FAILS SOCKERR CPU PEAK BCPU
+declare -A RPS P99 FAILS SOCKERR CPU PEAK BCPU LCPU
 STATUSES=()
 
 # Peak RSS of a process group during one row: the kernel's high-water mark
@@ -373,29 +372,29 @@ measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP [wrk options...]
     f=$TMP/wrk-$row-$r.txt
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(wrk_requests "$f")")
     BCPU[$row:$r]=$(per_unit "$BACKEND_US" "$(wrk_requests "$f")")
+    LCPU[$row:$r]=$(per_unit "$LOAD_US" "$(wrk_requests "$f")")
     RPS[$row:$r]=$(wrk_rps "$f")
     P99[$row:$r]=$(wrk_p99_ms "$f")
     FAILS[$row:$r]=$(wrk_non2xx "$f")
     SOCKERR[$row:$r]=$(wrk_sockerr "$f")
 }
 
-# Lock pairs through lockstep: one wrk thread per connection (see
-# lock_pairs.lua). --timeout 10s: a slow lock call (SQLite busy_timeout is
-# 5 s) is still an answer to count, not a socket error.
+# Lock pairs through lockstep: benches/lock_load.rs, one thread driving
+# LOCK_CLIENTS connections, as redis-benchmark drives Redis's.
 measure_locks() { # measure_locks ROUND
     local r=$1 f line
     peak_reset "$LOCKSTEP_PID"
-    CPU_GROUP=$LOCKSTEP_PID wrk_run "locks-$r" "$LOCK_CLIENTS" "$LOCK_CLIENTS" "http://127.0.0.1:$P_ADMIN" \
-        -s "$HERE/lock_pairs.lua" --timeout 10s
-    f=$TMP/wrk-locks-$r.txt
+    CPU_GROUP=$LOCKSTEP_PID lock_load_run "locks-$r" "127.0.0.1:$P_ADMIN" "$LOCK_CLIENTS"
+    f=$TMP/lock-locks-$r.txt
     PEAK[locks:$r]=$(peak_kib "$LOCKSTEP_PID")
-    line=$(grep '^LOCKS ' "$f") || die "lock_pairs.lua printed no summary"
+    line=$(grep '^LOCKS ' "$f") || die "lock_load printed no summary"
     CPU[locks:$r]=$(per_unit "$CPU_US" "$(kv "$line" pairs)")
+    LCPU[locks:$r]=$(per_unit "$LOAD_US" "$(kv "$line" pairs)")
     RPS[locks:$r]=$(awk -v p="$(kv "$line" pairs)" -v s="$(kv "$line" seconds)" \
         'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
     P99[locks:$r]=$(kv "$line" p99_ms)
     FAILS[locks:$r]=$(($(kv "$line" post_bad) + $(kv "$line" del_bad)))
-    SOCKERR[locks:$r]=$(wrk_sockerr "$f")
+    SOCKERR[locks:$r]=0
     [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$(kv "$line" statuses)")
 }
 
@@ -411,6 +410,7 @@ measure_patch() { # measure_patch ROW ROUND BASE-URL PGID-OF-THE-HOP IF_MATCH
     line=$(grep '^PATCHES ' "$f") || die "patch_items.lua printed no summary"
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(kv "$line" ok)")
     BCPU[$row:$r]=$(per_unit "$BACKEND_US" "$(kv "$line" ok)")
+    LCPU[$row:$r]=$(per_unit "$LOAD_US" "$(kv "$line" ok)")
     RPS[$row:$r]=$(awk -v p="$(kv "$line" ok)" -v s="$(kv "$line" seconds)" \
         'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
     P99[$row:$r]=$(kv "$line" p99_ms)
@@ -487,6 +487,7 @@ for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough
     P99[$row]=${P99[$row:$median]}
     CPU[$row]=${CPU[$row:$median]}
     BCPU[$row]=${BCPU[$row:$median]:-n/a}
+    LCPU[$row]=${LCPU[$row:$median]:-n/a}
     PEAK[$row]=${PEAK[$row:$median]:-0}
     fails=0 sockerr=0
     for ((r = 1; r <= ROUNDS; r++)); do
@@ -514,15 +515,18 @@ done < <(cat "$TMP"/sqlite-direct-*.log |
 
 # Redis: redis-benchmark runs a count, not a time, so size the runs from a
 # short probe: probe -> warm-up of ~WARMUP s -> measured run of ~DURATION s.
-# Prints "rps p99_ms" of the measured run.
-redis_bench() { # redis_bench NAME PORT
-    local name=$1 port=$2 n rps row
+# Prints "rps p99_ms client_us server_us" of the measured run, the last two
+# the CPU time per pair of redis-benchmark and of the Redis server.
+redis_bench() { # redis_bench NAME PORT GROUP
+    local name=$1 port=$2 group=$3 n rps row before
     # rb N: "rps p99_ms" of one run of N pairs. The CSV's test name holds
     # commas, so split on the quoted separator ("," between fields).
     rb() {
-        timeout 15 redis-benchmark -h 127.0.0.1 -p "$port" -c "$LOCK_CLIENTS" -n "$1" \
-            -r 1000000 --csv EVAL "$REDIS_LUA" 1 'lock:__rand_int__' w1 2>>"$TMP/$name-bench.log" |
-            awk -F'","' 'NR > 1 && NF == 8 {printf "%s %s\n", $2, $7}' || true
+        (
+            timeout 15 redis-benchmark -h 127.0.0.1 -p "$port" -c "$LOCK_CLIENTS" -n "$1" \
+                -r 1000000 --csv EVAL "$REDIS_LUA" 1 'lock:__rand_int__' w1 2>>"$TMP/$name-bench.log"
+            times >"$TMP/times-$name.txt"
+        ) | awk -F'","' 'NR > 1 && NF == 8 {printf "%s %s\n", $2, $7}' || true
     }
     row=$(rb 2000)
     [[ -n $row ]] || {
@@ -538,11 +542,13 @@ redis_bench() { # redis_bench NAME PORT
     fi
     n=$((rps * DURATION > 1000 ? rps * DURATION : 1000))
     log "$name: redis-benchmark -c $LOCK_CLIENTS -n $n (~${DURATION}s)"
+    before=$(group_ticks "$group")
     row=$(rb "$n")
-    echo "${row:-n/a n/a}"
+    echo "${row:-n/a n/a} $(per_unit "$(child_us "$TMP/times-$name.txt")" "$n")" \
+        "$(per_unit "$((($(group_ticks "$group") - before) * 1000000 / CLK_TCK))" "$n")"
 }
-read -r R_PAIRS_S R_P99 < <(redis_bench redis "$P_REDIS")
-read -r RF_PAIRS_S RF_P99 < <(redis_bench redis-fsync "$P_REDIS_FSYNC")
+read -r R_PAIRS_S R_P99 R_CLIENT_US R_SERVER_US < <(redis_bench redis "$P_REDIS" "$REDIS_GROUP")
+read -r RF_PAIRS_S RF_P99 RF_CLIENT_US RF_SERVER_US < <(redis_bench redis-fsync "$P_REDIS_FSYNC" "$REDIS_FSYNC_GROUP")
 
 # What the runs left in lockstep's database.
 DB_MODE=$(sqlite3 "$TMP/bench.db" 'PRAGMA journal_mode;' 2>/dev/null || echo "?")
@@ -597,7 +603,11 @@ else
 fi
 
 http_line() { # http_line N LABEL REQUEST ROW
-    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | ${BCPU[$4]} µs | $(mib "${PEAK[$4]}") | ${FAILS[$4]} | ${SOCKERR[$4]} |"
+    echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | ${BCPU[$4]} µs | ${LCPU[$4]} µs | $(mib "${PEAK[$4]}") | ${FAILS[$4]} | ${SOCKERR[$4]} |"
+}
+http_head() { # http_head THROUGHPUT-LABEL
+    echo "| # | row | request | $1 | p99 latency | CPU per request | backend CPU per request | wrk CPU per request | peak RSS | non-2xx | socket errors |"
+    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 }
 
 mkdir -p "$(dirname "$OUT")"
@@ -617,8 +627,7 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency, after a ${WARMUP} s warm-up at the same load."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    http_head req/s
     http_line 1 "direct backend (nginx)" "GET /articles/1" direct
     http_line 2 "nginx reverse proxy → backend" "GET /articles/1" nginx
     http_line 3 "lockstep passthrough → backend" "GET /plain/1" passthrough
@@ -642,8 +651,7 @@ mkdir -p "$(dirname "$OUT")"
         "Row 4f reads a different item every time (\`benches/distinct_items.lua\`), so every body is" \
         "validated in full, as on an item's first read or after it changed."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    http_head req/s
     http_line 2k "nginx reverse proxy → backend, 2 KiB" "GET /b2k/1" nginx2k
     http_line 3k "lockstep passthrough → backend, 2 KiB" "GET /p2k/1" passthrough2k
     http_line 4k "lockstep versioned GET → backend, 2 KiB" "GET /b2k/1" versioned2k
@@ -673,8 +681,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "Both answer 304 with \`ETag: \"1\"\`. Without \`exclusive_writes\` lockstep asks the backend first" \
         "(it must learn whether the item still exists); with it, the version table answers alone."
     echo
-    echo "| # | row | request | req/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    http_head req/s
     http_line 4c "lockstep conditional GET → backend" "GET /articles/1" conditional
     http_line 4d "lockstep conditional GET, exclusive_writes (no backend)" "GET /cached/1" conditional_table
     echo
@@ -690,10 +697,10 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "| # | row | pairs/s | p99 latency | failures | how |"
     echo "|---|---|---:|---:|---:|---|"
-    echo "| 5 | lockstep lock API (SQLite) | $(num "${RPS[locks]}") | $(ms "${P99[locks]}") ms per request | $((FAILS[locks] + SOCKERR[locks])) | wrk + \`benches/lock_pairs.lua\`: \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener, one connection per client; lockstep used ${CPU[locks]} µs of CPU per pair, peak RSS $(mib "${PEAK[locks]}") |"
+    echo "| 5 | lockstep lock API (SQLite) | $(num "${RPS[locks]}") | $(ms "${P99[locks]}") ms per request | $((FAILS[locks] + SOCKERR[locks])) | \`benches/lock_load.rs\` (one thread, a connection per client, like redis-benchmark): \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener; lockstep used ${CPU[locks]} µs of CPU per pair and lock_load ${LCPU[locks]} µs, peak RSS $(mib "${PEAK[locks]}") |"
     echo "| 6 | SQLite direct | $(num "${RPS[sqlite]}") | $(ms "${P99[sqlite]}") ms per statement | ${FAILS[sqlite]} | \`benches/sqlite_locks.py\`: lockstep's acquire and release SQL ($S_SOURCE_TEXT), a thread and a connection per client, WAL + synchronous=FULL + busy_timeout 5000; the Python process used ${CPU[sqlite]} µs of CPU per pair |"
-    echo "| 7 | Redis, no persistence | $(num "$R_PAIRS_S") | $(ms "$R_P99") ms per pair | n/a | redis-benchmark: one \`EVAL\` per pair (SET NX PX, then DEL if still ours), random keys |"
-    echo "| 8 | Redis, appendfsync always | $(num "$RF_PAIRS_S") | $(ms "$RF_P99") ms per pair | n/a | as 7 with \`appendonly yes\`, \`appendfsync always\` (durable like row 5) |"
+    echo "| 7 | Redis, no persistence | $(num "$R_PAIRS_S") | $(ms "$R_P99") ms per pair | n/a | redis-benchmark: one \`EVAL\` per pair (SET NX PX, then DEL if still ours), random keys; Redis used $R_SERVER_US µs of CPU per pair and redis-benchmark $R_CLIENT_US µs |"
+    echo "| 8 | Redis, appendfsync always | $(num "$RF_PAIRS_S") | $(ms "$RF_P99") ms per pair | n/a | as 7 with \`appendonly yes\`, \`appendfsync always\` (durable like row 5); Redis used $RF_SERVER_US µs of CPU per pair and redis-benchmark $RF_CLIENT_US µs |"
     echo
     echo "| ratio (pairs/s) | value | target | |"
     echo "|---|---:|---:|---|"
@@ -706,8 +713,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "$LOCK_CLIENTS concurrent clients (wrk -t$LOCK_CLIENTS -c$LOCK_CLIENTS + \`benches/patch_items.lua\`), each PATCHing its own" \
         "\`/items/<n>\` with \`{\"title\":\"bench\"}\`, ${DURATION} s after a ${WARMUP} s warm-up; the backend answers 200."
     echo
-    echo "| # | row | request | writes/s | p99 latency | CPU per request | backend CPU per request | peak RSS | non-2xx | socket errors |"
-    echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    http_head writes/s
     http_line 9 "nginx reverse proxy → backend (no check)" "PATCH /items/<n>" nginxpatch
     http_line 10 "lockstep versioned PATCH, If-Match (SQLite)" "PATCH /items/<n>" patch
     echo
@@ -723,8 +729,14 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "- CPU per request: CPU time used during the measured run by the process that is the last hop in" \
         "front of wrk (row 1 the nginx backend, rows 2 and 9 the nginx proxy, rows 3–4e and 10 lockstep), per request;" \
-        "backend CPU per request: the same for the nginx backend behind it. Together with wrk's own share they are the" \
-        "profile of each scenario: where the 2 CPUs went."
+        "backend CPU per request: the same for the nginx backend behind it; wrk CPU per request: the load generator's own" \
+        "(bash's \`times\` for wrk's process). Together they are the profile of each scenario: where the 2 CPUs went;" \
+        "the rest is the kernel's work outside these processes (softirqs, the disk's writeback) and idle time."
+    echo "- The CPU a lock pair costs in all, server and client: lockstep + lock_load $(sum_us "${CPU[locks]}" "${LCPU[locks]}") µs" \
+        "(row 5), Redis + redis-benchmark $(sum_us "$R_SERVER_US" "$R_CLIENT_US") µs (row 7) and" \
+        "$(sum_us "$RF_SERVER_US" "$RF_CLIENT_US") µs (row 8). On 2 CPUs shared by server and client, pairs/s is" \
+        "bounded by 2 s over that sum: a lock row reaches a given ratio to Redis only if its whole budget, load generator" \
+        "included, is at most the inverse of that ratio times Redis's."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
         "warm-up and read after its measured run (nginx: master and workers summed; lockstep: its one process)."
     echo "- lockstep is restarted (SIGTERM, then started again on the same database) before each of its rows" \
