@@ -355,6 +355,22 @@ child_us() {
     } END { if (!f) print 0 }' "$1"
 }
 
+# timed_client NAME OUT COMMAND...: runs a load generator with its output in
+# OUT and sets LOAD_US to the CPU time (µs) it used (bash's `times` for the
+# subshell's children); returns the command's status.
+timed_client() {
+    local name=$1 out=$2 rc=0
+    shift 2
+    (
+        "$@" >"$out" 2>&1
+        rc=$?
+        times >"$TMP/times-$name.txt"
+        exit $rc
+    ) || rc=$?
+    LOAD_US=$(child_us "$TMP/times-$name.txt")
+    return $rc
+}
+
 # lock_load_run NAME ADDR CLIENTS: benches/lock_load.rs, a warm-up of WARMUP s
 # (when > 0), then a measured run of DURATION s into $TMP/lock-NAME.txt
 # (its LOCKS line); sets LOAD_US to the CPU time (µs) the load generator
@@ -370,14 +386,9 @@ lock_load_run() {
     fi
     log "$name: lock_load --clients $clients --seconds $DURATION, $addr"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
-    (
-        timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" --seconds "$DURATION" \
-            --run "measure-$name" --ttl-ms "$LOCK_TTL_MS" >"$TMP/lock-$name.txt" 2>&1
-        rc=$?
-        times >"$TMP/times-$name.txt"
-        exit $rc
-    ) || die "$name: lock_load failed: $(tail -5 "$TMP/lock-$name.txt")"
-    LOAD_US=$(child_us "$TMP/times-$name.txt")
+    timed_client "$name" "$TMP/lock-$name.txt" timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" \
+        --seconds "$DURATION" --run "measure-$name" --ttl-ms "$LOCK_TTL_MS" ||
+        die "$name: lock_load failed: $(tail -5 "$TMP/lock-$name.txt")"
     CPU_US=0
     [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
     return 0

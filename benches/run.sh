@@ -323,13 +323,9 @@ wrk_run() {
     log "$name: wrk -t$t -c$c -d${DURATION}s $url"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
     backend_before=$(group_ticks "$BACKEND_GROUP")
-    (
-        BENCH_RUN=measure-$name wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" >"$TMP/wrk-$name.txt" 2>&1
-        rc=$?
-        times >"$TMP/times-$name.txt"
-        exit $rc
-    ) || die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
-    LOAD_US=$(child_us "$TMP/times-$name.txt")
+    BENCH_RUN=measure-$name timed_client "$name" "$TMP/wrk-$name.txt" \
+        wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" ||
+        die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
     CPU_US=0
     [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
     BACKEND_US=$((($(group_ticks "$BACKEND_GROUP") - backend_before) * 1000000 / CLK_TCK))
