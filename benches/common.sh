@@ -378,17 +378,19 @@ timed_client() {
 # group's CPU time in the same run.
 lock_load_run() {
     local name=$1 addr=$2 clients=$3 before
+    # ll PHASE SECONDS OUT: one lock_load run, its resources named after PHASE.
+    ll() {
+        timed_client "$name" "$3" timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" \
+            --seconds "$2" --run "$1-$name" --ttl-ms "$LOCK_TTL_MS" ||
+            die "$name: lock_load ($1) failed: $(tail -5 "$3")"
+    }
     if ((WARMUP > 0)); then
         log "$name: warm-up ${WARMUP}s"
-        timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" --seconds "$WARMUP" \
-            --run "warmup-$name" --ttl-ms "$LOCK_TTL_MS" >"$TMP/warm-$name.txt" 2>&1 ||
-            die "$name: lock_load warm-up failed: $(tail -5 "$TMP/warm-$name.txt")"
+        ll warmup "$WARMUP" "$TMP/warm-$name.txt"
     fi
     log "$name: lock_load --clients $clients --seconds $DURATION, $addr"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
-    timed_client "$name" "$TMP/lock-$name.txt" timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" \
-        --seconds "$DURATION" --run "measure-$name" --ttl-ms "$LOCK_TTL_MS" ||
-        die "$name: lock_load failed: $(tail -5 "$TMP/lock-$name.txt")"
+    ll measure "$DURATION" "$TMP/lock-$name.txt"
     CPU_US=0
     [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
     return 0

@@ -324,11 +324,11 @@ wrk_run() {
     shift 2
     if ((WARMUP > 0)); then
         log "$name: warm-up ${WARMUP}s"
-        BENCH_RUN=warmup-$name timeout 30 wrk -t"$CLIENTS" -c"$CLIENTS" -d"${WARMUP}s" "$@" "$url" \
+        timeout 30 wrk -t"$CLIENTS" -c"$CLIENTS" -d"${WARMUP}s" "$@" "$url" \
             >"$TMP/warm-$name.txt" 2>&1 || die "$name: wrk warm-up failed: $(tail -5 "$TMP/warm-$name.txt")"
     fi
     log "$name: wrk -t$CLIENTS -c$CLIENTS -d${DURATION}s $url"
-    BENCH_RUN=measure-$name timeout 30 wrk -t"$CLIENTS" -c"$CLIENTS" -d"${DURATION}s" --latency "$@" "$url" \
+    timeout 30 wrk -t"$CLIENTS" -c"$CLIENTS" -d"${DURATION}s" --latency "$@" "$url" \
         >"$TMP/wrk-$name.txt" 2>&1 || die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
 }
 

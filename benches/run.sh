@@ -317,13 +317,13 @@ wrk_run() {
     shift 4
     if ((WARMUP > 0)); then
         log "$name: warm-up ${WARMUP}s"
-        BENCH_RUN=warmup-$name wrk -t"$t" -c"$c" -d"${WARMUP}s" "$@" "$url" >"$TMP/warm-$name.txt" 2>&1 ||
+        wrk -t"$t" -c"$c" -d"${WARMUP}s" "$@" "$url" >"$TMP/warm-$name.txt" 2>&1 ||
             die "$name: wrk warm-up failed: $(tail -5 "$TMP/warm-$name.txt")"
     fi
     log "$name: wrk -t$t -c$c -d${DURATION}s $url"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
     backend_before=$(group_ticks "$BACKEND_GROUP")
-    BENCH_RUN=measure-$name timed_client "$name" "$TMP/wrk-$name.txt" \
+    timed_client "$name" "$TMP/wrk-$name.txt" \
         wrk -t"$t" -c"$c" -d"${DURATION}s" --latency "$@" "$url" ||
         die "$name: wrk failed: $(tail -5 "$TMP/wrk-$name.txt")"
     CPU_US=0
