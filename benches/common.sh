@@ -371,17 +371,20 @@ timed_client() {
     return $rc
 }
 
-# lock_load_run NAME ADDR CLIENTS: benches/lock_load.rs, a warm-up of WARMUP s
+# lock_load_run NAME ADDR CLIENTS [ARGS…]: benches/lock_load.rs (ARGS passed
+# on, e.g. --protocol redis), a warm-up of WARMUP s
 # (when > 0), then a measured run of DURATION s into $TMP/lock-NAME.txt
 # (its LOCKS line); sets LOAD_US to the CPU time (µs) the load generator
 # used in the measured run. With CPU_GROUP set, sets CPU_US to that process
 # group's CPU time in the same run.
 lock_load_run() {
     local name=$1 addr=$2 clients=$3 before
+    shift 3
+    local extra=("$@")
     # ll PHASE SECONDS OUT: one lock_load run, its resources named after PHASE.
     ll() {
         timed_client "$name" "$3" timeout 60 "$LOCK_LOAD" --addr "$addr" --clients "$clients" \
-            --seconds "$2" --run "$1-$name" --ttl-ms "$LOCK_TTL_MS" ||
+            --seconds "$2" --run "$1-$name" --ttl-ms "$LOCK_TTL_MS" ${extra[@]+"${extra[@]}"} ||
             die "$name: lock_load ($1) failed: $(tail -5 "$3")"
     }
     if ((WARMUP > 0)); then

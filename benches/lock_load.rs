@@ -1,5 +1,5 @@
-//! A lean load generator for the lock benchmark: acquire + release pairs on
-//! lockstep's lock API, from one thread.
+//! A lean load generator for the lock benchmark: acquire + release pairs,
+//! from one thread, on lockstep's lock API or on Redis.
 //!
 //! Why not only wrk: to alternate `POST` and `DELETE` on one connection,
 //! `benches/lock_pairs.lua` needs a wrk thread per connection, and 32 such
@@ -9,14 +9,28 @@
 //! same for HTTP (one thread, one event loop, a connection per client), so
 //! the lock rows compare servers, not load generators.
 //!
+//! Why it speaks Redis too: a lock user acquires, does its work, then
+//! releases, so a pair is two round trips on lockstep and on Redis alike.
+//! redis-benchmark can only repeat one command, so to measure Redis as a
+//! lock is used it would have to do both halves in one `EVAL`, one round
+//! trip per pair, which no lock user can. With `--protocol redis` the same
+//! client, with the same connections and pacing, runs the usual Redis lock
+//! recipe instead (`SET key owner NX PX ttl`, then the owner-checked delete
+//! as a script, by `EVALSHA` as client libraries send it).
+//!
 //!     lock_load --addr 127.0.0.1:9090 --clients 32 --seconds 8 --run NAME [--ttl-ms 30000]
+//!               [--protocol http|redis]
 //!
 //! Client `i` alternates, on its own connection and its own resource,
 //!     POST   /locks/bench:NAME:i   {"owner":"wi","ttl_ms":TTL}  -> 200
 //!     DELETE /locks/bench:NAME:i   Lock-Owner: wi               -> 204
-//! and the run ends with one line in the format `lock_pairs.lua` prints:
+//! or, on Redis,
+//!     SET bench:NAME:i wi NX PX TTL                             -> +OK  (counted as 200)
+//!     EVALSHA <release> 1 bench:NAME:i wi                       -> :1   (counted as 204)
+//! (a refused acquire, nil, counts as 409; a release that found another
+//! owner, :0, as 404), and the run ends with one line:
 //!     LOCKS pairs=N post_ok=N post_bad=N del_ok=N del_bad=N statuses=409:3 seconds=S p99_ms=X
-//! p99 is over single requests, as wrk reports it.
+//! p99 is over single requests (round trips), as wrk reports it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -30,7 +44,19 @@ struct Args {
     seconds: f64,
     run: String,
     ttl_ms: u64,
+    protocol: Protocol,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http,
+    Redis,
+}
+
+/// The owner-checked release of the Redis lock recipe: delete the key only
+/// while it still holds the caller's owner.
+const REDIS_RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
 fn args() -> Result<Args, String> {
     let mut a = Args {
@@ -39,6 +65,7 @@ fn args() -> Result<Args, String> {
         seconds: 8.0,
         run: "run".into(),
         ttl_ms: 30_000,
+        protocol: Protocol::Http,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -50,6 +77,13 @@ fn args() -> Result<Args, String> {
             "--seconds" => a.seconds = value.parse().map_err(|e| bad(&e))?,
             "--run" => a.run = value,
             "--ttl-ms" => a.ttl_ms = value.parse().map_err(|e| bad(&e))?,
+            "--protocol" => {
+                a.protocol = match value.as_str() {
+                    "http" => Protocol::Http,
+                    "redis" => Protocol::Redis,
+                    _ => return Err(bad(&"expected http or redis")),
+                }
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -110,28 +144,164 @@ async fn read_more(conn: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(
     Ok(())
 }
 
+/// A Redis command in RESP: an array of bulk strings.
+fn resp(parts: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", parts.len()).into_bytes();
+    for p in parts {
+        out.extend_from_slice(format!("${}\r\n{p}\r\n", p.len()).as_bytes());
+    }
+    out
+}
+
+/// One Redis reply, as far as this client needs it.
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Simple(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Nil,
+}
+
+/// One Redis exchange: writes `request`, reads one reply (an error reply
+/// ends the run: it means the set-up is wrong, not that a lock was held).
+async fn redis_exchange(
+    conn: &mut TcpStream,
+    request: &[u8],
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Reply> {
+    conn.write_all(request).await?;
+    let line_end = loop {
+        if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+            break i;
+        }
+        read_more(conn, buf).await?;
+    };
+    let line = std::str::from_utf8(&buf[1..line_end])
+        .map_err(std::io::Error::other)?
+        .to_owned();
+    let number = || {
+        line.parse::<i64>()
+            .map_err(|_| std::io::Error::other(format!("bad Redis reply line {line:?}")))
+    };
+    let (reply, used) = match buf.first() {
+        Some(b'+') => (Reply::Simple(line.clone()), line_end + 2),
+        Some(b':') => (Reply::Int(number()?), line_end + 2),
+        Some(b'$') => match usize::try_from(number()?) {
+            Err(_) => (Reply::Nil, line_end + 2),
+            Ok(len) => {
+                let end = line_end + 2 + len + 2;
+                while buf.len() < end {
+                    read_more(conn, buf).await?;
+                }
+                (Reply::Bulk(buf[line_end + 2..end - 2].to_vec()), end)
+            }
+        },
+        Some(b'-') => {
+            return Err(std::io::Error::other(format!(
+                "Redis answered an error: {line}"
+            )))
+        }
+        _ => {
+            return Err(std::io::Error::other(format!(
+                "unexpected Redis reply {line:?}"
+            )))
+        }
+    };
+    buf.drain(..used);
+    Ok(reply)
+}
+
+/// The two requests of a pair, in the protocol the run speaks.
+enum Pair {
+    Http { acquire: Vec<u8>, release: Vec<u8> },
+    Redis { acquire: Vec<u8>, release: Vec<u8> },
+}
+
+impl Pair {
+    /// Connects, and (Redis) loads the release script on that connection.
+    async fn open(a: &Args, id: usize) -> std::io::Result<(Self, TcpStream, Vec<u8>)> {
+        let resource = format!("bench:{}:{id}", a.run);
+        let owner = format!("w{id}");
+        let mut conn = TcpStream::connect(&a.addr).await?;
+        conn.set_nodelay(true)?;
+        let mut buf = Vec::with_capacity(8192);
+        let pair = match a.protocol {
+            Protocol::Http => {
+                let body = format!("{{\"owner\":\"{owner}\",\"ttl_ms\":{}}}", a.ttl_ms);
+                let acquire = format!(
+                    "POST /locks/{resource} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    a.addr,
+                    body.len()
+                );
+                let release = format!(
+                    "DELETE /locks/{resource} HTTP/1.1\r\nHost: {}\r\nLock-Owner: {owner}\r\n\r\n",
+                    a.addr
+                );
+                Pair::Http {
+                    acquire: acquire.into_bytes(),
+                    release: release.into_bytes(),
+                }
+            }
+            Protocol::Redis => {
+                let load = resp(&["SCRIPT", "LOAD", REDIS_RELEASE]);
+                let sha = match redis_exchange(&mut conn, &load, &mut buf).await? {
+                    Reply::Bulk(sha) => String::from_utf8(sha).map_err(std::io::Error::other)?,
+                    other => {
+                        return Err(std::io::Error::other(format!(
+                            "SCRIPT LOAD answered {other:?}"
+                        )))
+                    }
+                };
+                let ttl = a.ttl_ms.to_string();
+                Pair::Redis {
+                    acquire: resp(&["SET", &resource, &owner, "NX", "PX", &ttl]),
+                    release: resp(&["EVALSHA", &sha, "1", &resource, &owner]),
+                }
+            }
+        };
+        Ok((pair, conn, buf))
+    }
+
+    /// One round trip of the pair; its outcome as the HTTP status it
+    /// stands for.
+    async fn run(
+        &self,
+        release: bool,
+        conn: &mut TcpStream,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<u16> {
+        match self {
+            Pair::Http {
+                acquire,
+                release: r,
+            } => exchange(conn, if release { r } else { acquire }, buf).await,
+            Pair::Redis {
+                acquire,
+                release: r,
+            } if !release => Ok(match redis_exchange(conn, acquire, buf).await? {
+                Reply::Simple(ok) if ok == "OK" => 200,
+                Reply::Nil => 409,
+                other => return Err(std::io::Error::other(format!("SET NX answered {other:?}"))),
+            }),
+            Pair::Redis { release: r, .. } => Ok(match redis_exchange(conn, r, buf).await? {
+                Reply::Int(1) => 204,
+                Reply::Int(0) => 404,
+                other => {
+                    return Err(std::io::Error::other(format!(
+                        "the release answered {other:?}"
+                    )))
+                }
+            }),
+        }
+    }
+}
+
 async fn client(a: std::rc::Rc<Args>, id: usize, until: Instant) -> std::io::Result<Tally> {
-    let resource = format!("bench:{}:{id}", a.run);
-    let owner = format!("w{id}");
-    let body = format!("{{\"owner\":\"{owner}\",\"ttl_ms\":{}}}", a.ttl_ms);
-    let acquire = format!(
-        "POST /locks/{resource} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        a.addr,
-        body.len()
-    )
-    .into_bytes();
-    let release = format!(
-        "DELETE /locks/{resource} HTTP/1.1\r\nHost: {}\r\nLock-Owner: {owner}\r\n\r\n",
-        a.addr
-    )
-    .into_bytes();
-    let mut conn = TcpStream::connect(&a.addr).await?;
-    conn.set_nodelay(true)?;
-    let mut buf = Vec::with_capacity(8192);
+    let (pair, mut conn, mut buf) = Pair::open(&a, id).await?;
     let mut t = Tally::default();
     while Instant::now() < until {
         let start = Instant::now();
-        let status = exchange(&mut conn, &acquire, &mut buf).await?;
+        let status = pair.run(false, &mut conn, &mut buf).await?;
         t.latencies.push(start.elapsed().as_micros() as u32);
         let acquired = status == 200;
         if acquired {
@@ -141,7 +311,7 @@ async fn client(a: std::rc::Rc<Args>, id: usize, until: Instant) -> std::io::Res
             *t.statuses.entry(status).or_default() += 1;
         }
         let start = Instant::now();
-        let status = exchange(&mut conn, &release, &mut buf).await?;
+        let status = pair.run(true, &mut conn, &mut buf).await?;
         t.latencies.push(start.elapsed().as_micros() as u32);
         if status == 204 {
             t.del_ok += 1;

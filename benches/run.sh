@@ -17,8 +17,14 @@
 # Lock rows (acquire+release pairs, one resource per client):
 #   5 lockstep lock API       POST + DELETE /locks/{r} on the admin listener (SQLite)
 #   6 SQLite direct           lockstep's own acquire/release SQL, no HTTP (Python)
-#   7 Redis                   one EVAL per pair: SET NX PX + owner-checked DEL
+#   7 Redis                   the Redis lock recipe, a round trip per half, by the
+#                             same client as row 5: SET NX PX, then EVALSHA of an
+#                             owner-checked DEL
 #   8 Redis, fsync always     as 7 with appendonly yes, appendfsync always
+#  7e Redis, one EVAL         redis-benchmark, both halves in one EVAL per pair (one
+#                             round trip, which a lock user cannot do: its work goes
+#                             between acquire and release)
+#  8e as 7e, fsync always
 # Write rows (PATCH, one item per client, benches/patch_items.lua):
 #   9 nginx reverse proxy     PATCH /items/<n> through nginx to the backend (no check)
 #  10 lockstep versioned PATCH PATCH /items/<n> with If-Match: the previous answer's
@@ -375,23 +381,25 @@ measure_http() { # measure_http ROW ROUND URL PGID-OF-THE-HOP [wrk options...]
     SOCKERR[$row:$r]=$(wrk_sockerr "$f")
 }
 
-# Lock pairs through lockstep: benches/lock_load.rs, one thread driving
-# LOCK_CLIENTS connections, as redis-benchmark drives Redis's.
-measure_locks() { # measure_locks ROUND
-    local r=$1 f line
-    peak_reset "$LOCKSTEP_PID"
-    CPU_GROUP=$LOCKSTEP_PID lock_load_run "locks-$r" "127.0.0.1:$P_ADMIN" "$LOCK_CLIENTS"
-    f=$TMP/lock-locks-$r.txt
-    PEAK[locks:$r]=$(peak_kib "$LOCKSTEP_PID")
+# Lock pairs: benches/lock_load.rs, one thread driving LOCK_CLIENTS
+# connections, as redis-benchmark drives Redis's; through lockstep's lock
+# API, or (rows 7 and 8) Redis's lock recipe with the same client.
+measure_locks() { # measure_locks ROW ROUND ADDR PGID [lock_load args…]
+    local row=$1 r=$2 addr=$3 group=$4 f line
+    shift 4
+    peak_reset "$group"
+    CPU_GROUP=$group lock_load_run "$row-$r" "$addr" "$LOCK_CLIENTS" "$@"
+    f=$TMP/lock-$row-$r.txt
+    PEAK[$row:$r]=$(peak_kib "$group")
     line=$(grep '^LOCKS ' "$f") || die "lock_load printed no summary"
-    CPU[locks:$r]=$(per_unit "$CPU_US" "$(kv "$line" pairs)")
-    LCPU[locks:$r]=$(per_unit "$LOAD_US" "$(kv "$line" pairs)")
-    RPS[locks:$r]=$(awk -v p="$(kv "$line" pairs)" -v s="$(kv "$line" seconds)" \
+    CPU[$row:$r]=$(per_unit "$CPU_US" "$(kv "$line" pairs)")
+    LCPU[$row:$r]=$(per_unit "$LOAD_US" "$(kv "$line" pairs)")
+    RPS[$row:$r]=$(awk -v p="$(kv "$line" pairs)" -v s="$(kv "$line" seconds)" \
         'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
-    P99[locks:$r]=$(kv "$line" p99_ms)
-    FAILS[locks:$r]=$(($(kv "$line" post_bad) + $(kv "$line" del_bad)))
-    SOCKERR[locks:$r]=0
-    [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$(kv "$line" statuses)")
+    P99[$row:$r]=$(kv "$line" p99_ms)
+    FAILS[$row:$r]=$(($(kv "$line" post_bad) + $(kv "$line" del_bad)))
+    SOCKERR[$row:$r]=0
+    [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$row: $(kv "$line" statuses)")
 }
 
 # PATCH writes, one item per client (see patch_items.lua): through the nginx
@@ -467,7 +475,9 @@ for ((round = 1; round <= ROUNDS; round++)); do
     lockstep_http conditional_table "$round" "http://127.0.0.1:$P_LOCKSTEP/cached/1" \
         -H 'If-None-Match: "1"'
     restart_lockstep
-    measure_locks "$round"
+    measure_locks locks "$round" "127.0.0.1:$P_ADMIN" "$LOCKSTEP_PID"
+    measure_locks redis "$round" "127.0.0.1:$P_REDIS" "$REDIS_GROUP" --protocol redis
+    measure_locks redisfsync "$round" "127.0.0.1:$P_REDIS_FSYNC" "$REDIS_FSYNC_GROUP" --protocol redis
     measure_sqlite "$round"
     measure_patch nginxpatch "$round" "http://127.0.0.1:$P_PROXY" "$PROXY_GROUP" 0
     restart_lockstep
@@ -476,7 +486,7 @@ done
 
 # A row's figures are those of its median round by throughput (the lower
 # middle one for an even count); failures are summed over all rounds.
-for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k versioned64kcold nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite nginxpatch patch; do
+for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k versioned64kcold nginx1m passthrough1m versioned1m conditional conditional_table locks redis redisfsync sqlite nginxpatch patch; do
     median=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${RPS[$row:$r]} $r"; done |
         sort -g | awk -v n="$ROUNDS" 'NR == int((n + 1) / 2) {print $2}')
     RPS[$row]=${RPS[$row:$median]}
@@ -496,7 +506,7 @@ done
 L_STATUSES=$(IFS=,; echo "${STATUSES[*]:-none}")
 if ((ROUNDS > 1)); then
     per_round=""
-    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k versioned64kcold nginx1m passthrough1m versioned1m conditional conditional_table locks sqlite nginxpatch patch; do
+    for row in direct nginx passthrough versioned versioneddrift nginx2k passthrough2k versioned2k nginx64k passthrough64k versioned64k versioned64kcold nginx1m passthrough1m versioned1m conditional conditional_table locks redis redisfsync sqlite nginxpatch patch; do
         per_round+="$row"
         for ((r = 1; r <= ROUNDS; r++)); do per_round+=" $(num "${RPS[$row:$r]}")"; done
         per_round+="; "
@@ -543,8 +553,8 @@ redis_bench() { # redis_bench NAME PORT GROUP
     echo "${row:-n/a n/a} $(per_unit "$(child_us "$TMP/times-$name.txt")" "$n")" \
         "$(per_unit "$((($(group_ticks "$group") - before) * 1000000 / CLK_TCK))" "$n")"
 }
-read -r R_PAIRS_S R_P99 R_CLIENT_US R_SERVER_US < <(redis_bench redis "$P_REDIS" "$REDIS_GROUP")
-read -r RF_PAIRS_S RF_P99 RF_CLIENT_US RF_SERVER_US < <(redis_bench redis-fsync "$P_REDIS_FSYNC" "$REDIS_FSYNC_GROUP")
+read -r R_PAIRS_S R_P99 R_CLIENT_US R_SERVER_US < <(redis_bench redis-eval "$P_REDIS" "$REDIS_GROUP")
+read -r RF_PAIRS_S RF_P99 RF_CLIENT_US RF_SERVER_US < <(redis_bench redis-eval-fsync "$P_REDIS_FSYNC" "$REDIS_FSYNC_GROUP")
 
 # What the runs left in lockstep's database.
 DB_MODE=$(sqlite3 "$TMP/bench.db" 'PRAGMA journal_mode;' 2>/dev/null || echo "?")
@@ -583,8 +593,10 @@ R_VG1M=$(ratio "${RPS[versioned1m]}" "${RPS[nginx1m]}")
 R_CT=$(ratio "${RPS[conditional_table]}" "${RPS[conditional]}")
 R_CTN=$(ratio "${RPS[conditional_table]}" "${RPS[nginx]}")
 R_LS=$(ratio "${RPS[locks]}" "${RPS[sqlite]}")
-R_LR=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
-R_LRF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
+R_LR=$(ratio "${RPS[locks]}" "${RPS[redis]}")
+R_LRF=$(ratio "${RPS[locks]}" "${RPS[redisfsync]}")
+R_LRE=$(ratio "${RPS[locks]}" "$R_PAIRS_S")
+R_LREF=$(ratio "${RPS[locks]}" "$RF_PAIRS_S")
 R_PATCH=$(ratio "${RPS[patch]}" "${RPS[nginxpatch]}")
 
 commit=$(lockstep_commit)
@@ -595,7 +607,7 @@ bundled=$(grep -h -m1 '#define SQLITE_VERSION ' "${CARGO_HOME:-$HOME/.cargo}"/re
 if ((ROUNDS == 1)); then
     rounds_text="one round"
 else
-    rounds_text="$ROUNDS rounds of the HTTP rows and rows 5–6; each row shows its median round by throughput, failures summed over all rounds"
+    rounds_text="$ROUNDS rounds of the HTTP rows and rows 5–8; each row shows its median round by throughput, failures summed over all rounds"
 fi
 
 http_line() { # http_line N LABEL REQUEST ROW
@@ -695,14 +707,18 @@ mkdir -p "$(dirname "$OUT")"
     echo "|---|---|---:|---:|---:|---|"
     echo "| 5 | lockstep lock API (SQLite) | $(num "${RPS[locks]}") | $(ms "${P99[locks]}") ms per request | $((FAILS[locks] + SOCKERR[locks])) | \`benches/lock_load.rs\` (one thread, a connection per client, like redis-benchmark): \`POST /locks/{r}\` → 200 then \`DELETE /locks/{r}\` → 204 on the admin listener; lockstep used ${CPU[locks]} µs of CPU per pair and lock_load ${LCPU[locks]} µs, peak RSS $(mib "${PEAK[locks]}") |"
     echo "| 6 | SQLite direct | $(num "${RPS[sqlite]}") | $(ms "${P99[sqlite]}") ms per statement | ${FAILS[sqlite]} | \`benches/sqlite_locks.py\`: lockstep's acquire and release SQL ($S_SOURCE_TEXT), a thread and a connection per client, WAL + synchronous=FULL + busy_timeout 5000; the Python process used ${CPU[sqlite]} µs of CPU per pair |"
-    echo "| 7 | Redis, no persistence | $(num "$R_PAIRS_S") | $(ms "$R_P99") ms per pair | n/a | redis-benchmark: one \`EVAL\` per pair (SET NX PX, then DEL if still ours), random keys; Redis used $R_SERVER_US µs of CPU per pair and redis-benchmark $R_CLIENT_US µs |"
-    echo "| 8 | Redis, appendfsync always | $(num "$RF_PAIRS_S") | $(ms "$RF_P99") ms per pair | n/a | as 7 with \`appendonly yes\`, \`appendfsync always\` (durable like row 5); Redis used $RF_SERVER_US µs of CPU per pair and redis-benchmark $RF_CLIENT_US µs |"
+    echo "| 7 | Redis, no persistence | $(num "${RPS[redis]}") | $(ms "${P99[redis]}") ms per request | $((FAILS[redis] + SOCKERR[redis])) | the same client with \`--protocol redis\`: \`SET bench:…:i wi NX PX 30000\` → OK, then \`EVALSHA\` of the owner-checked delete → 1, a round trip each as in row 5 (the Redis lock recipe); Redis used ${CPU[redis]} µs of CPU per pair and lock_load ${LCPU[redis]} µs |"
+    echo "| 8 | Redis, appendfsync always | $(num "${RPS[redisfsync]}") | $(ms "${P99[redisfsync]}") ms per request | $((FAILS[redisfsync] + SOCKERR[redisfsync])) | as 7 with \`appendonly yes\`, \`appendfsync always\` (durable like row 5); Redis used ${CPU[redisfsync]} µs of CPU per pair and lock_load ${LCPU[redisfsync]} µs |"
+    echo "| 7e | Redis, both halves in one EVAL | $(num "$R_PAIRS_S") | $(ms "$R_P99") ms per pair | n/a | redis-benchmark: one \`EVAL\` per pair (SET NX PX, then DEL if still ours), random keys, no persistence: one round trip per pair, which a lock user cannot do (its work goes between acquire and release); Redis used $R_SERVER_US µs of CPU per pair and redis-benchmark $R_CLIENT_US µs |"
+    echo "| 8e | as 7e, appendfsync always | $(num "$RF_PAIRS_S") | $(ms "$RF_P99") ms per pair | n/a | Redis used $RF_SERVER_US µs of CPU per pair and redis-benchmark $RF_CLIENT_US µs |"
     echo
     echo "| ratio (pairs/s) | value | target | |"
     echo "|---|---:|---:|---|"
     echo "| lockstep / SQLite direct (5 / 6) | $R_LS | ≥ 0.5 | $(verdict "$R_LS" 0.5) |"
-    echo "| lockstep / Redis (5 / 7) | $R_LR | none | |"
+    echo "| lockstep / Redis (5 / 7) | $R_LR | ≥ 0.3 | $(verdict "$R_LR" 0.3) |"
     echo "| lockstep / Redis fsync always (5 / 8) | $R_LRF | none | |"
+    echo "| lockstep / Redis, one EVAL per pair (5 / 7e) | $R_LRE | none | |"
+    echo "| lockstep / Redis, one EVAL per pair, fsync always (5 / 8e) | $R_LREF | none | |"
     echo
     echo "## Writes: PATCH, one item per client"
     echo
@@ -729,8 +745,9 @@ mkdir -p "$(dirname "$OUT")"
         "(bash's \`times\` for wrk's process). Together they are the profile of each scenario: where the 2 CPUs went;" \
         "the rest is the kernel's work outside these processes (softirqs, the disk's writeback) and idle time."
     echo "- The CPU a lock pair costs in all, server and client: lockstep + lock_load $(sum_us "${CPU[locks]}" "${LCPU[locks]}") µs" \
-        "(row 5), Redis + redis-benchmark $(sum_us "$R_SERVER_US" "$R_CLIENT_US") µs (row 7) and" \
-        "$(sum_us "$RF_SERVER_US" "$RF_CLIENT_US") µs (row 8). On 2 CPUs shared by server and client, pairs/s is" \
+        "(row 5), Redis + lock_load $(sum_us "${CPU[redis]}" "${LCPU[redis]}") µs (row 7) and" \
+        "$(sum_us "${CPU[redisfsync]}" "${LCPU[redisfsync]}") µs (row 8), Redis + redis-benchmark $(sum_us "$R_SERVER_US" "$R_CLIENT_US") µs (row 7e) and" \
+        "$(sum_us "$RF_SERVER_US" "$RF_CLIENT_US") µs (row 8e). On 2 CPUs shared by server and client, pairs/s is" \
         "bounded by 2 s over that sum: a lock row reaches a given ratio to Redis only if its whole budget, load generator" \
         "included, is at most the inverse of that ratio times Redis's."
     echo "- Peak RSS: the kernel's high-water mark (VmHWM) of that hop's processes, reset before the row's" \
@@ -748,8 +765,9 @@ mkdir -p "$(dirname "$OUT")"
         "\`[database] max_connections\` (default 16) connections, where the direct run has $LOCK_CLIENTS."
     echo "- Both SQLite rows fsync the WAL on every commit (synchronous=FULL), two commits per pair:" \
         "on one file they are bounded by the disk's fsync rate, and their ratio is the cost of lockstep's HTTP + pool on top."
-    echo "- Redis does a pair in one round trip (EVAL) where lockstep needs two HTTP requests;" \
-        "row 7 keeps nothing on disk, row 8 fsyncs its append-only file before replying."
+    echo "- Rows 5, 7 and 8 make two round trips per pair, as a lock user does (acquire, work, release), with one" \
+        "client program; rows 7e and 8e do both halves in one round trip (redis-benchmark repeats one command)," \
+        "Redis's best case. Rows 7 and 7e keep nothing on disk; 8 and 8e fsync the append-only file before replying."
     echo "- All processes share $(nproc) CPUs: the load generator competes with the servers, so absolute" \
         "numbers are lower than on separate machines; compare rows and ratios within one run."
     for n in ${NOTES[@]+"${NOTES[@]}"}; do echo "- $n"; done
