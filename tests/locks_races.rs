@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::sync::Barrier;
 
 use common::{Client, Lockstep, Resp};
-use locks_db::{acquire, fingerprint, lock_url, release, token, Db, DbKind};
+use locks_db::{acquire, fingerprint, get, get_as, lock_url, release, renew, token, Db, DbKind};
 
 replica_tests!(
     fifty_acquirers_across_two_replicas_have_one_winner,
@@ -37,6 +37,7 @@ db_tests!(
     waiters_take_turns_without_overlap,
     tokens_stay_unique_while_the_sweeper_runs,
     expired_rows_are_swept_while_clients_acquire_and_release_flat_out,
+    every_call_after_a_release_sees_it,
 );
 
 fn assert_lock_held(resp: &Resp) -> Value {
@@ -598,4 +599,72 @@ async fn expired_rows_are_swept_while_clients_acquire_and_release_flat_out(db: D
         pairs >= PAIRS,
         "too little load to mean anything: {pairs} pairs"
     );
+}
+
+// ---------------------------------------------------------------------------
+// A release is seen by every call answered after it
+// ---------------------------------------------------------------------------
+
+/// On SQLite a release is answered as soon as it ran, before its group
+/// commit is durable (docs/locks.md), while reads run on other
+/// connections that see only committed batches. Whatever comes after the
+/// `204` must still see the lock released: `GET` (with and without the
+/// owner) 404, a second release and a renew 404, and another owner's
+/// acquire 200, whose `GET` then shows the new holder. 32 clients at once
+/// keep batches open, so most of these calls land while the release's
+/// batch is still open.
+async fn every_call_after_a_release_sees_it(db: DbKind) {
+    const CLIENTS: usize = 32;
+    const ROUNDS: usize = 15;
+    let db = Db::fresh(db).await;
+    let ls = db.lockstep().start();
+    let mut tasks = Vec::new();
+    for w in 0..CLIENTS {
+        let url = lock_url(&ls, &format!("job:after-release-{w}"));
+        tasks.push(tokio::spawn(async move {
+            let c = Client::new();
+            let (owner, next) = (format!("w{w}"), format!("next{w}"));
+            for round in 0..ROUNDS {
+                let r = acquire(&c, &url, &owner, 30_000).await;
+                assert_eq!(r.status, 200, "round {round}: {r:?}");
+                let r = release(&c, &url, &owner).await;
+                assert_eq!(r.status, 204, "round {round}: {r:?}");
+                let r = get(&c, &url).await;
+                assert_eq!(
+                    r.status, 404,
+                    "GET right after the release, round {round}: {r:?}"
+                );
+                let r = get_as(&c, &url, &owner).await;
+                assert_eq!(
+                    r.status, 404,
+                    "the owner's GET after its release, round {round}: {r:?}"
+                );
+                let r = release(&c, &url, &owner).await;
+                assert_eq!(r.status, 404, "a second release, round {round}: {r:?}");
+                let r = renew(&c, &url, &owner, 30_000).await;
+                assert_eq!(
+                    r.status, 404,
+                    "a renew after the release, round {round}: {r:?}"
+                );
+                let r = acquire(&c, &url, &next, 30_000).await;
+                assert_eq!(
+                    r.status, 200,
+                    "another owner's acquire, round {round}: {r:?}"
+                );
+                let held = r.json();
+                let r = get(&c, &url).await;
+                assert_eq!(
+                    r.status, 200,
+                    "GET after the new acquire, round {round}: {r:?}"
+                );
+                assert_eq!(r.json()["owner_fingerprint"], fingerprint(&next));
+                assert_eq!(r.json()["fencing_token"], held["fencing_token"]);
+                let r = release(&c, &url, &next).await;
+                assert_eq!(r.status, 204, "round {round}: {r:?}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
 }

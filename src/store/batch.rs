@@ -8,8 +8,11 @@
 //! its own meaning (it is still a single conditional write, evaluated after
 //! the ones before it in the batch, in the order the jobs came), nothing is
 //! answered before the commit that makes it durable, and a failed commit
-//! fails every statement in it — as if each had failed on its own.
-//! PostgreSQL replicas commit on their own connections instead.
+//! fails every statement in it — as if each had failed on its own. The one
+//! exception is a lock release, answered as soon as it ran
+//! ([`Batcher::release`], and `undurable.rs` for why that is safe and how
+//! reads still show it). PostgreSQL replicas commit on their own
+//! connections instead.
 //!
 //! Why a thread of its own that runs the batch through SQLite's own API:
 //! every query sqlx runs is a hand-over to the thread sqlx keeps for the
@@ -33,6 +36,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::file_guard::FileIdentity;
+use super::undurable::Undurable;
 use super::values::{Arg, Value, Values};
 use super::DbMetrics;
 
@@ -51,12 +55,17 @@ struct Job {
     /// Statements run right after this one, in the same transaction (the
     /// lock sweep's two); empty for a single statement.
     then: Vec<(Arc<str>, Vec<Arg>)>,
-    reply: Reply,
+    /// Taken when the job is answered ahead of its batch's commit.
+    reply: Option<Reply>,
+    /// A lock release, of this resource: answered as soon as its statement
+    /// returned a row (it released the lock), not once the batch is durable.
+    early: Option<Arc<str>>,
 }
 
 /// Handle to the thread that runs the writes.
 pub struct Batcher {
     tx: flume::Sender<Job>,
+    undurable: Arc<Undurable>,
 }
 
 impl Batcher {
@@ -73,16 +82,18 @@ impl Batcher {
     ) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded(4 * MAX_BATCH);
         let runtime = Handle::current();
+        let undurable = Arc::new(Undurable::default());
         let writer = Writer {
             runtime,
             pool,
             metrics,
             file,
+            undurable: undurable.clone(),
         };
         std::thread::Builder::new()
             .name("lockstep-writer".into())
             .spawn(move || writer.run(rx))?;
-        Ok(Self { tx })
+        Ok(Self { tx, undurable })
     }
 
     /// Runs one statement in the next batch; returns its rows once the
@@ -92,7 +103,30 @@ impl Batcher {
         sql: impl Into<Arc<str>>,
         args: Vec<Arg>,
     ) -> Result<Vec<Values>, sqlx::Error> {
-        self.send(sql.into(), args, Vec::new()).await
+        self.send(sql.into(), args, Vec::new(), None).await
+    }
+
+    /// Runs a lock release of `resource` (a statement that returns the
+    /// released lock, or no row when there was nothing to release) in the
+    /// next batch. Its row is returned as soon as the statement ran, before
+    /// the batch is durable; no row is returned once the batch is durable,
+    /// as with [`execute`](Self::execute). Until the batch commits,
+    /// [`released`](Self::released) tells reads of this process.
+    pub async fn release(
+        &self,
+        sql: impl Into<Arc<str>>,
+        args: Vec<Arg>,
+        resource: &str,
+    ) -> Result<Vec<Values>, sqlx::Error> {
+        self.send(sql.into(), args, Vec::new(), Some(resource.into()))
+            .await
+    }
+
+    /// Whether a release of `resource` was answered ahead of its batch,
+    /// and that batch is not committed yet: a read must take the lock as
+    /// released, whatever the committed row says.
+    pub fn released(&self, resource: &str) -> bool {
+        self.undurable.released(resource)
     }
 
     /// Runs `statements` one after another in the next batch, all in its
@@ -104,7 +138,7 @@ impl Batcher {
     ) -> Result<Vec<Values>, sqlx::Error> {
         let mut statements = statements.into_iter();
         match statements.next() {
-            Some((sql, args)) => self.send(sql, args, statements.collect()).await,
+            Some((sql, args)) => self.send(sql, args, statements.collect(), None).await,
             None => Ok(Vec::new()),
         }
     }
@@ -114,13 +148,15 @@ impl Batcher {
         sql: Arc<str>,
         args: Vec<Arg>,
         then: Vec<(Arc<str>, Vec<Arg>)>,
+        early: Option<Arc<str>>,
     ) -> Result<Vec<Values>, sqlx::Error> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             sql,
             args,
             then,
-            reply,
+            reply: Some(reply),
+            early,
         };
         self.tx
             .send_async(job)
@@ -138,6 +174,8 @@ struct Writer {
     /// The database file, checked once per batch rather than by every
     /// request before it queues its statement.
     file: Option<Arc<FileIdentity>>,
+    /// Releases answered ahead of their batch's commit.
+    undurable: Arc<Undurable>,
 }
 
 impl Writer {
@@ -210,14 +248,21 @@ impl Writer {
         let fit = 'serve: loop {
             match self.file.as_deref().map(FileIdentity::check) {
                 Some(Err(lost)) => {
-                    for job in std::mem::take(&mut jobs) {
-                        let _ = job.reply.send(Err(lost.clone().into()));
+                    for reply in std::mem::take(&mut jobs)
+                        .into_iter()
+                        .filter_map(|j| j.reply)
+                    {
+                        let _ = reply.send(Err(lost.clone().into()));
                     }
                 }
                 _ => {
+                    // Releases answered ahead of the commit, marked until
+                    // the batch ends (across a run again without one job).
+                    let mut marked = Vec::new();
                     while !jobs.is_empty() {
                         let started = Instant::now();
-                        let outcome = run_batch(&db, &mut prepared, &jobs);
+                        let outcome =
+                            run_batch(&db, &mut prepared, &mut jobs, &self.undurable, &mut marked);
                         let statements = jobs.iter().map(|job| 1 + job.then.len()).sum();
                         self.metrics.observe_batch(statements, started.elapsed());
                         match outcome {
@@ -232,6 +277,11 @@ impl Writer {
                             }) if jobs.len() > 1 => answer(vec![jobs.remove(i)], Err(error)),
                             outcome => {
                                 let broken = matches!(&outcome, Err(failed) if failed.broken);
+                                // Committed (reads now see it) or lost (the
+                                // lock stays with its holder until its TTL,
+                                // as after a crash); either way, before an
+                                // acquire of this batch is answered.
+                                self.undurable.unmark(&std::mem::take(&mut marked));
                                 answer(std::mem::take(&mut jobs), outcome.map_err(|f| f.error));
                                 if broken {
                                     break 'serve Fit::Broken;
@@ -282,14 +332,16 @@ fn answer(jobs: Vec<Job>, outcome: Result<Vec<Vec<Values>>, sqlx::Error>) {
     match outcome {
         Ok(results) => {
             for (job, rows) in jobs.into_iter().zip(results) {
-                let _ = job.reply.send(Ok(rows));
+                if let Some(reply) = job.reply {
+                    let _ = reply.send(Ok(rows));
+                }
             }
         }
         Err(e) => {
             let message = crate::error::chain(&e);
             tracing::warn!(error = %message, statements = jobs.len(), "write batch failed");
-            for job in jobs {
-                let _ = job.reply.send(Err(sqlx::Error::Protocol(format!(
+            for reply in jobs.into_iter().filter_map(|job| job.reply) {
+                let _ = reply.send(Err(sqlx::Error::Protocol(format!(
                     "write batch failed: {message}"
                 ))));
             }
@@ -309,11 +361,15 @@ struct BatchFailed {
 }
 
 /// One transaction: every job's rows, in the order of `jobs`, or the error
-/// that made the whole batch fail (then nothing of it was committed).
+/// that made the whole batch fail (then nothing of it was committed). A
+/// release that released is answered at once, its resource marked in
+/// `undurable` and listed in `marked` first.
 fn run_batch(
     db: &rusqlite::Connection,
     prepared: &mut Prepared<'_>,
-    jobs: &[Job],
+    jobs: &mut [Job],
+    undurable: &Undurable,
+    marked: &mut Vec<Arc<str>>,
 ) -> Result<Vec<Vec<Values>>, BatchFailed> {
     let mut failed_job = None;
     let mut transaction = || -> rusqlite::Result<Vec<Vec<Values>>> {
@@ -321,8 +377,16 @@ fn run_batch(
         // handler if another process holds it.
         db.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let mut rows = Vec::with_capacity(jobs.len());
-        for (i, job) in jobs.iter().enumerate() {
+        for (i, job) in jobs.iter_mut().enumerate() {
             match job_rows(prepared, job) {
+                Ok(r) if !r.is_empty() && job.early.is_some() && job.reply.is_some() => {
+                    if let (Some(resource), Some(reply)) = (&job.early, job.reply.take()) {
+                        undurable.mark(resource);
+                        marked.push(resource.clone());
+                        let _ = reply.send(Ok(r));
+                    }
+                    rows.push(Vec::new());
+                }
                 Ok(r) => rows.push(r),
                 Err(e) => {
                     failed_job = Some(i);
@@ -651,6 +715,92 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(count, 1, "only the write before the loss ran");
+    }
+
+    /// A release that released is answered as soon as it ran, while its
+    /// batch is still open, and `released` tells reads so until the batch
+    /// has committed; a release that released nothing waits for the commit
+    /// like any other statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_is_answered_before_its_batch_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = one_connection(&dir).await;
+        sqlx::query("INSERT INTO t (k, v, w) VALUES (1, 1, 'owner')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // Park the batch thread on the pool (see the test below), so that
+        // the three jobs queue up, in order, and run as one batch.
+        let conn = pool.acquire().await.unwrap();
+        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
+        let parked = {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { batcher.execute("SELECT 1", Vec::new()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while !batcher.tx.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let release = "UPDATE t SET w = NULL WHERE k = $1 AND w = 'owner' RETURNING k";
+        let queue = |job: u8| {
+            let batcher = batcher.clone();
+            tokio::spawn(async move {
+                match job {
+                    0 => batcher.release(release, vec![Arg::Int(1)], "one").await,
+                    1 => batcher.release(release, vec![Arg::Int(2)], "two").await,
+                    // Keeps the batch open for a while after both releases.
+                    _ => {
+                        let slow =
+                            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                                    WHERE x < 3000000) SELECT count(*) FROM c";
+                        batcher.execute(slow, Vec::new()).await
+                    }
+                }
+            })
+        };
+        let mut tasks = Vec::new();
+        for job in 0..3u8 {
+            tasks.push(queue(job));
+            while batcher.tx.len() < usize::from(job) + 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let mut tasks = tasks.into_iter();
+        let (released, nothing, slow) = (
+            tasks.next().unwrap(),
+            tasks.next().unwrap(),
+            tasks.next().unwrap(),
+        );
+        drop(conn);
+        parked.await.unwrap().unwrap();
+        let rows = released.await.unwrap().unwrap();
+        assert_eq!(rows, vec![Values::new(vec![Value::Int(1)])]);
+        // Answered, and the batch still open: the release that released
+        // nothing waits for it, and reads must take "one" as released,
+        // since another connection still sees the committed row.
+        assert!(!slow.is_finished() && !nothing.is_finished());
+        assert!(batcher.released("one"));
+        assert!(!batcher.released("two"));
+        use sqlx::ConnectOptions;
+        let mut reader = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("batch.db"))
+            .connect()
+            .await
+            .unwrap();
+        let owner: Option<String> = sqlx::query_scalar("SELECT w FROM t WHERE k = 1")
+            .fetch_one(&mut reader)
+            .await
+            .unwrap();
+        assert_eq!(owner.as_deref(), Some("owner"));
+        assert!(!slow.is_finished(), "the batch must still be open here");
+        assert!(nothing.await.unwrap().unwrap().is_empty());
+        slow.await.unwrap().unwrap();
+        assert!(!batcher.released("one"), "committed: the mark is gone");
+        let owner: Option<String> = sqlx::query_scalar("SELECT w FROM t WHERE k = 1")
+            .fetch_one(&mut reader)
+            .await
+            .unwrap();
+        assert_eq!(owner, None);
     }
 
     /// A statement that fails on its own (here a UNIQUE constraint) fails

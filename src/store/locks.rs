@@ -100,15 +100,17 @@ where
     }
 
     async fn get(&self, resource: &str) -> Result<Option<LockRecord>> {
-        let row = self
-            .read_row(&self.locks.get_live, vec![A::text(resource)])
-            .await?;
+        let row = self.read_lock_row(&self.locks.get_live, resource).await?;
         row.as_ref().map(record).transpose()
     }
 
     async fn release(&self, resource: &str, owner: &str) -> Result<LockChange> {
         let row = self
-            .write_row(&self.locks.release, vec![A::text(resource), A::text(owner)])
+            .release_row(
+                &self.locks.release,
+                vec![A::text(resource), A::text(owner)],
+                resource,
+            )
             .await?;
         if let Some(row) = row {
             self.wakeups.notify(Topic::Lock, resource);
@@ -179,9 +181,7 @@ where
     /// Why an owner-only change did not apply: someone else holds the lock,
     /// or there is no live lock (with the expired record, if one is left).
     async fn diagnose(&self, resource: &str) -> Result<LockChange> {
-        let row = self
-            .read_row(&self.locks.get_any, vec![A::text(resource)])
-            .await?;
+        let row = self.read_lock_row(&self.locks.get_any, resource).await?;
         let Some(row) = row else {
             return Ok(LockChange::Missing { expired: None });
         };

@@ -23,6 +23,7 @@ pub mod postgres;
 mod sql;
 pub mod sqlite;
 mod statements;
+mod undurable;
 mod values;
 mod version_cache;
 mod version_ops;

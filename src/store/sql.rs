@@ -189,6 +189,45 @@ where
 
     /// A conditional write: its `RETURNING` rows, once durable.
     pub(super) async fn write_rows(&self, stmt: &Stmt, args: Vec<Arg>) -> Result<Vec<Values>> {
+        self.write(stmt, args, None).await
+    }
+
+    /// A lock release of `resource`: its `RETURNING` row, on SQLite as soon
+    /// as it ran (see `undurable.rs`), elsewhere once durable.
+    pub(super) async fn release_row(
+        &self,
+        stmt: &Stmt,
+        args: Vec<Arg>,
+        resource: &str,
+    ) -> Result<Option<Values>> {
+        Ok(self
+            .write(stmt, args, Some(resource))
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// A read of the lock row of `resource` (`stmt` takes the resource as
+    /// its one argument): none while this process has answered a release
+    /// of it whose batch is not committed yet, asked before the read (see
+    /// `undurable.rs`). Every read of the lock table goes through here.
+    pub(super) async fn read_lock_row(
+        &self,
+        stmt: &Stmt,
+        resource: &str,
+    ) -> Result<Option<Values>> {
+        if self.batcher.as_ref().is_some_and(|b| b.released(resource)) {
+            return Ok(None);
+        }
+        self.read_row(stmt, vec![Arg::text(resource)]).await
+    }
+
+    async fn write(
+        &self,
+        stmt: &Stmt,
+        args: Vec<Arg>,
+        release: Option<&str>,
+    ) -> Result<Vec<Values>> {
         if self.batcher.is_none() {
             // The group commit checks the file once per batch, for all the
             // statements in it.
@@ -201,9 +240,10 @@ where
         // kind.
         let _writing = self.version_cache.as_ref().map(VersionCache::writing);
         self.timed(stmt.op, async {
-            Ok(match &self.batcher {
-                Some(b) => b.execute(stmt.sql.clone(), args).await?,
-                None => values::query::<DB>(&stmt.sql, &args)
+            Ok(match (&self.batcher, release) {
+                (Some(b), Some(resource)) => b.release(stmt.sql.clone(), args, resource).await?,
+                (Some(b), None) => b.execute(stmt.sql.clone(), args).await?,
+                (None, _) => values::query::<DB>(&stmt.sql, &args)
                     .fetch_all(&self.writer)
                     .await?
                     .iter()

@@ -130,7 +130,7 @@ where
 
     async fn fence_token(&self, resource: &str) -> Result<Option<i64>> {
         let row = self
-            .read_row(&self.versions.fence_token, vec![A::text(resource)])
+            .read_lock_row(&self.versions.fence_token, resource)
             .await?;
         first(row)
     }
