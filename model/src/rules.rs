@@ -86,6 +86,10 @@ pub struct Rules {
     /// answer comes before COMMIT, and SQLite shows readers a WAL commit
     /// only after its fsync).
     pub reads_see_undurable: bool,
+    /// With proposal A, as built (`src/store/undurable.rs`): a read of the
+    /// lock takes a release answered ahead of its batch's commit as done
+    /// (the lock is absent), while the rest of the open batch stays unseen.
+    pub reads_see_answered_release: bool,
 }
 
 impl Rules {
@@ -113,12 +117,20 @@ impl Rules {
         restart_bumps_held_leases: false,
         restart_bumps_run_out_leases: false,
         reads_see_undurable: false,
+        reads_see_answered_release: false,
     };
 
     /// Proposal A: lock releases answered before they are durable.
     pub const EARLY_RELEASE: Rules = Rules {
         release_acked_before_durable: true,
         ..Rules::ALL
+    };
+
+    /// Proposal A as built on SQLite: early releases, and reads of the lock
+    /// that see them.
+    pub const EARLY_RELEASE_AS_BUILT: Rules = Rules {
+        reads_see_answered_release: true,
+        ..Rules::EARLY_RELEASE
     };
 
     /// Proposal B without its restart rule: commits answered before they

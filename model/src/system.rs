@@ -54,6 +54,10 @@ pub struct Bounds {
     /// Group commit: the clock may tick while a batch is open (a statement
     /// decides with `now` at its run and becomes visible at COMMIT, later).
     pub ticks_in_batch: bool,
+    /// A holder that released may still send a fenced write with the token
+    /// it held (a client bug, or a pause between its work and its release):
+    /// fencing must refuse it unless nobody took the lock since.
+    pub write_after_release: bool,
 }
 
 impl Bounds {
@@ -75,6 +79,7 @@ impl Bounds {
         retention: 0,
         group_commit: false,
         ticks_in_batch: false,
+        write_after_release: false,
     };
 
     /// The same on one process with the read cache.
@@ -101,6 +106,7 @@ impl Bounds {
         retention: 0,
         group_commit: false,
         ticks_in_batch: false,
+        write_after_release: false,
     };
 
     /// Each of two writers writes twice, with no crash and a short clock:
@@ -138,6 +144,13 @@ impl Bounds {
         group_commit: true,
         crashes: 1,
         ..Bounds::LOCKS
+    };
+
+    /// `DURABLE_LOCKS`, where a holder may write after its release with the
+    /// token it held.
+    pub const DURABLE_LOCKS_WRITE_AFTER_RELEASE: Bounds = Bounds {
+        write_after_release: true,
+        ..Bounds::DURABLE_LOCKS
     };
 
     /// Deeper runs, for `--deep` (minutes to hours, by hand).
@@ -251,6 +264,8 @@ pub struct Client {
     /// The lock as this client believes it holds it: token and expiry. A
     /// holder that paused past its TTL still believes it.
     pub lock: Option<(u8, u8)>,
+    /// The token of a lock this client released (`write_after_release`).
+    pub released_token: Option<u8>,
     pub write: Option<Write>,
     pub req: Req,
     /// Holds a `Writing` guard of the read cache (taken in a step of its
@@ -368,8 +383,12 @@ impl Seen {
 /// Bits of [`State::batch`]: what the open batch holds.
 pub struct InBatch;
 impl InBatch {
+    /// A version commit answered ahead of the batch's COMMIT (proposal B).
     pub const ANSWERED: u8 = 1;
     pub const CLAIM: u8 = 1 << 1;
+    /// A lock release answered ahead of the commit (rule
+    /// `release_acked_before_durable`).
+    pub const RELEASED: u8 = 1 << 2;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -561,11 +580,23 @@ impl State {
         self.batch_history = (h.last_commit_ack, h.last_grant, h.max_token);
     }
 
+    /// Client `i` was told its release is done: it holds nothing, and
+    /// (`write_after_release`) may still write with the token it held.
+    fn let_go(&mut self, i: usize, write_after_release: bool) {
+        let c = &mut self.clients[i];
+        if let Some((token, _)) = c.lock.take() {
+            if write_after_release {
+                c.released_token = Some(token);
+            }
+        }
+    }
+
     /// Records what the open batch now holds.
     fn in_batch(&mut self, group_commit: bool, bit: u8) {
         if group_commit {
             self.batch |= bit;
-            if self.batch == InBatch::ANSWERED | InBatch::CLAIM {
+            let shared = InBatch::ANSWERED | InBatch::CLAIM;
+            if self.batch & shared == shared {
                 self.history.seen |= Seen::SHARED_BATCH;
             }
         }
@@ -599,6 +630,7 @@ impl Model for System {
                 },
                 etag: None,
                 lock: None,
+                released_token: None,
                 write: None,
                 req: Req::Idle,
                 guard: false,
@@ -670,7 +702,7 @@ impl Model for System {
                     let holder = b.is_holder(i);
                     if c.writes_left > 0 {
                         let needs_read = !holder || b.fenced_writes_checked;
-                        let may_write = !holder || c.lock.is_some();
+                        let may_write = !holder || c.lock.is_some() || c.released_token.is_some();
                         if needs_read && c.etag.is_none() {
                             if may_write {
                                 actions.push(Action::StartRead(iu));
@@ -727,7 +759,7 @@ impl Model for System {
                         Some(LockAnswer::Granted { token, expires }) => {
                             s.clients[i].lock = Some((token, expires));
                         }
-                        Some(LockAnswer::Released) => s.clients[i].lock = None,
+                        Some(LockAnswer::Released) => s.let_go(i, b.write_after_release),
                         None => {}
                     }
                 }
@@ -799,7 +831,11 @@ impl Model for System {
                 c.write = Some(Write {
                     expected,
                     basis,
-                    token: if holder { c.lock.map(|(t, _)| t) } else { None },
+                    token: if holder {
+                        c.lock.map(|(t, _)| t).or(c.released_token)
+                    } else {
+                        None
+                    },
                     id: i * 16 + c.seq,
                 });
                 // Rule `fence_in_claim` off: the lock is checked once, by a
@@ -834,15 +870,15 @@ impl Model for System {
                         s.begin_batch(before);
                     }
                     if r.release_acked_before_durable {
-                        s.clients[idx(i)].lock = None;
-                        s.in_batch(gc, InBatch::ANSWERED);
+                        s.let_go(idx(i), b.write_after_release);
+                        s.in_batch(gc, InBatch::RELEASED);
                     } else {
                         s.clients[idx(i)].lock_answer = Some(LockAnswer::Released);
                     }
                 } else {
                     // Released, or 409 (not live): said at once.
                     s.db.release(i);
-                    s.clients[idx(i)].lock = None;
+                    s.let_go(idx(i), b.write_after_release);
                 }
             }
             Action::Apply(j) => {
@@ -1006,15 +1042,30 @@ impl System {
         }
     }
 
+    /// Whether a read of the lock (the diagnosis of a refused fenced
+    /// write) finds it live with token `t`: as [`read_view`](Self::read_view)
+    /// shows it, except that with rule `reads_see_answered_release` a
+    /// release answered ahead of the open batch's commit counts as done.
+    fn lock_read_live(&self, s: &State, t: u8) -> bool {
+        if self.rules.reads_see_answered_release && s.batch & InBatch::RELEASED != 0 {
+            return false;
+        }
+        self.read_view(s).lock_live_with(t)
+    }
+
     /// lockstep (one process) died: the open batch is lost; with the
     /// restart rule, every held lease is bumped and kept until it runs out
     /// before anything is served.
     fn restart(&self, s: &mut State) {
         if let Some(mut d) = s.durable.take() {
             let (ack, grant, token) = s.batch_history;
-            if s.batch & InBatch::ANSWERED != 0 {
+            if s.batch & (InBatch::ANSWERED | InBatch::RELEASED) != 0 {
                 s.history.seen |= Seen::ANSWERED_LOST;
-            } else {
+            }
+            // A commit answered ahead of the batch stays answered; an
+            // unanswered one never happened for the clients (an early
+            // release beside it does not change that).
+            if s.batch & InBatch::ANSWERED == 0 {
                 s.history.last_commit_ack = ack;
             }
             s.history.last_grant = grant;
@@ -1144,7 +1195,7 @@ impl System {
             }
             Req::Fence => {
                 let w = write?;
-                if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
+                if w.token.is_some_and(|t| self.lock_read_live(s, t)) {
                     s.clients[i].req = claim_loop(w.expected);
                 } else {
                     s.history.seen |= Seen::FENCED_REFUSED;
@@ -1185,7 +1236,7 @@ impl System {
             }
             Req::Diagnose => {
                 let w = write?;
-                if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
+                if w.token.is_some_and(|t| self.lock_read_live(s, t)) {
                     s.clients[i].req = Req::Current;
                 } else {
                     // 409 stale-lock-token; the backend is not called.
@@ -1195,7 +1246,7 @@ impl System {
             }
             Req::DiagnoseStale { version } => {
                 let w = write?;
-                if w.token.is_some_and(|t| self.read_view(s).lock_live_with(t)) {
+                if w.token.is_some_and(|t| self.lock_read_live(s, t)) {
                     // 409 with the current version in ETag and body.
                     s.history.seen |= Seen::STALE_409;
                     s.shown(i, version);

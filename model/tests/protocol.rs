@@ -297,6 +297,40 @@ fn group_commit_as_built_has_no_counterexample() {
     }
 }
 
+/// Proposal A as lockstep builds it on SQLite: early releases, and reads
+/// of the lock (a refused fenced write's diagnosis) that take an answered
+/// release as done while its batch is open.
+#[test]
+fn proposal_a_as_built_is_safe() {
+    for (bounds, name) in [
+        (
+            Bounds::DURABLE_LOCKS,
+            "locks, release answered before durable, reads see it",
+        ),
+        (
+            Bounds::DURABLE_LOCKS_WRITE_AFTER_RELEASE,
+            "the same, holders also write after their release",
+        ),
+    ] {
+        let report = run(Rules::EARLY_RELEASE_AS_BUILT, bounds, Until::Exhausted);
+        show(name, &report);
+        assert!(
+            report.counterexamples.is_empty(),
+            "{name}: {:#?}",
+            report.counterexamples
+        );
+        assert_witnessed(
+            &report,
+            &[
+                "a crash loses an answered statement",
+                "an expired lock is taken over",
+                "a fenced write is applied",
+                "a fenced write is refused",
+            ],
+        );
+    }
+}
+
 /// Proposal A: a lock release answered before its batch is durable. A
 /// crash that loses it leaves the lock held by a client that believes it
 /// let go, until the TTL: never two holders, tokens still only grow.
