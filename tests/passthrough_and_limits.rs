@@ -527,6 +527,40 @@ async fn a_connection_the_backend_closed_while_idle_is_never_used_again() {
     );
 }
 
+#[tokio::test]
+async fn reads_are_sent_again_when_the_backend_closes_their_connection_under_them() {
+    // Stops serving a connection after 300 ms idle and closes it 200 ms
+    // later, as across a network: a request sent in that window is never
+    // read and the connection closes under it, which no look at the socket
+    // can foresee. A read (safe, no body) is then sent again on a new
+    // connection; it never was a 502.
+    let backend = Backend::start_with(&["--keep-alive-ms", "300", "--close-delay-ms", "200"]);
+    let lockstep = one_worker_in_front_of(&backend).start();
+    const READERS: u64 = 3;
+    const READS: u64 = 12;
+    for r in 0..READERS {
+        seed(&backend, &format!("/articles/closing-{r}"), json!({"r": r})).await;
+    }
+    let mut readers = Vec::new();
+    for r in 0..READERS {
+        let url = lockstep.proxy_url_for(&format!("/articles/closing-{r}"));
+        readers.push(tokio::spawn(async move {
+            let client = Client::new();
+            for i in 0..READS {
+                // 250 to 550 ms apart: most reads land in the window.
+                let pause = 250 + 3 * ((i * 37 + r * 53) % 101);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let resp = client.get(&url).send().await;
+                assert_eq!(resp.status, 200, "{url} read {i}: {resp:?}");
+                assert_eq!(resp.json()["r"], json!(r), "{url} read {i}");
+            }
+        }));
+    }
+    for reader in readers {
+        reader.await.unwrap();
+    }
+}
+
 /// The sum of every series of a counter on /metrics (absent: 0).
 async fn counter_total(lockstep: &Lockstep, name: &str) -> f64 {
     let resp = Client::new()
