@@ -578,6 +578,35 @@ mod tests {
         pool
     }
 
+    /// A batch thread parked on the pool: it has taken a first job (the
+    /// returned task, answered no rows) and waits for the pool's one
+    /// connection, held by the returned `conn`. Jobs sent now queue up, in
+    /// order, and go as one batch once `conn` is dropped.
+    async fn parked(
+        pool: &Pool<Sqlite>,
+    ) -> (
+        PoolConnection<Sqlite>,
+        Arc<Batcher>,
+        tokio::task::JoinHandle<Result<Vec<Values>, sqlx::Error>>,
+    ) {
+        let conn = pool.acquire().await.unwrap();
+        let batcher = Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
+        let first = {
+            let batcher = batcher.clone();
+            tokio::spawn(async move {
+                let sql = "UPDATE t SET v = v WHERE k < 0";
+                batcher.execute(sql, Vec::new()).await
+            })
+        };
+        // Sent, and taken off the queue: the batch thread now waits on the
+        // pool.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while !batcher.tx.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        (conn, batcher, first)
+    }
+
     /// Many jobs of three statements at once: every job gets the rows of
     /// its own statement, with its own arguments.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -729,18 +758,8 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap();
-        // Park the batch thread on the pool (see the test below), so that
-        // the three jobs queue up, in order, and run as one batch.
-        let conn = pool.acquire().await.unwrap();
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
-        let parked = {
-            let batcher = batcher.clone();
-            tokio::spawn(async move { batcher.execute("SELECT 1", Vec::new()).await })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        while !batcher.tx.is_empty() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        // The three jobs below queue up, in order, and run as one batch.
+        let (conn, batcher, parked) = parked(&pool).await;
         let release = "UPDATE t SET w = NULL WHERE k = $1 AND w = 'owner' RETURNING k";
         let queue = |job: u8| {
             let batcher = batcher.clone();
@@ -815,23 +834,9 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap();
-        // Park the batch thread on the pool with a first job, so the jobs
-        // below queue up and go as one batch once the connection is free.
-        let conn = pool.acquire().await.unwrap();
-        let batcher = std::sync::Arc::new(Batcher::spawn(pool.clone(), metrics(), None).unwrap());
-        let parked = {
-            let batcher = batcher.clone();
-            tokio::spawn(async move {
-                let sql = "UPDATE t SET v = v WHERE k < 0";
-                batcher.execute(sql, Vec::new()).await
-            })
-        };
-        // Sent, and taken off the queue: the batch thread now waits on the
-        // pool.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        while !batcher.tx.is_empty() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        // The jobs below queue up and go as one batch once the connection
+        // is free.
+        let (conn, batcher, parked) = parked(&pool).await;
         let mut tasks = Vec::new();
         for k in [2i64, 1, 3] {
             let batcher = batcher.clone();
