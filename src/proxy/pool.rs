@@ -39,8 +39,9 @@
 //! may have left, a request is repeated only when it is safe and has no
 //! body (`GET`, `HEAD`, `OPTIONS`, `TRACE`: RFC 9110 §9.2.2 lets a client
 //! repeat it when a connection closes under it, as nginx does), once, on a
-//! new connection, and only when the connection it went out on was a
-//! reused one that the backend closed or reset before answering.
+//! new connection, within what is left of its request timeout, and only
+//! when the connection it went out on was a reused one that the backend
+//! closed or reset before a whole response head arrived.
 //!
 //! Why that one retry: the look at the socket is a system call per
 //! request, about 1 µs of the 20–22 µs of CPU lockstep spends on a small
@@ -198,8 +199,10 @@ impl Resend {
 }
 
 /// Whether a request that went out failed because the backend closed or
-/// reset the connection before any answer: what a connection closed while
-/// it sat idle looks like once a request was written to it.
+/// reset the connection before a whole response head arrived: what a
+/// connection closed while it sat idle looks like once a request was
+/// written to it (hyper reports an end of stream after part of a head, or
+/// after a `1xx`, the same way; a safe request may be repeated then too).
 fn closed_under_it(e: &hyper::Error) -> bool {
     if e.is_incomplete_message() {
         return true;
@@ -316,8 +319,10 @@ impl Pool {
             Duration::ZERO
         };
         // After a repeat: a new connection, not another idle one (a backend
-        // that restarted closed them all).
+        // that restarted closed them all), and what is left of the first
+        // attempt's request timeout, so that a repeat never doubles it.
         let mut fresh = false;
+        let mut deadline: Option<Instant> = None;
         loop {
             let idle = if fresh {
                 None
@@ -339,12 +344,13 @@ impl Pool {
                         .into(),
                 ));
             }
-            let sent = tokio::time::timeout(
-                self.shared.request_timeout,
-                conn.sender.try_send_request(req),
-            )
-            .await
-            .map_err(|_| ForwardError::Timeout)?;
+            let sent_at = Instant::now();
+            let wait = deadline.map_or(self.shared.request_timeout, |d| {
+                d.saturating_duration_since(sent_at)
+            });
+            let sent = tokio::time::timeout(wait, conn.sender.try_send_request(req))
+                .await
+                .map_err(|_| ForwardError::Timeout)?;
             match sent {
                 Ok(resp) => {
                     if let Some(value) = resp
@@ -379,6 +385,7 @@ impl Pool {
                                 );
                                 req = head.request();
                                 fresh = true;
+                                deadline = Some(sent_at + self.shared.request_timeout);
                             }
                             _ => return Err(ForwardError::after_sending(&error)),
                         }

@@ -19,7 +19,9 @@
 //! an acquire of that same batch, which is not answered yet); a release
 //! not found here is either not answered yet or committed, and then the
 //! read sees it. The batch thread takes its marks away after the batch
-//! commits (or fails) and before it answers anything else in it.
+//! commits (or fails for good) and before it answers its other jobs (only
+//! a job failing on its own, whose batch runs again without it, is told
+//! so while the marks stay).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
