@@ -559,6 +559,15 @@ async fn reads_are_sent_again_when_the_backend_closes_their_connection_under_the
     for reader in readers {
         reader.await.unwrap();
     }
+    // The window was hit (else this test proves nothing), and every time
+    // the read went out again rather than failing.
+    let resent = counter_total(&lockstep, "lockstep_upstream_resent_total").await;
+    assert!(resent >= 1.0, "no read met a closing connection: {resent}");
+    let errors = counter_total(&lockstep, "lockstep_upstream_errors_total").await;
+    assert_eq!(
+        errors, 0.0,
+        "{resent} reads sent again, {errors} upstream errors"
+    );
 }
 
 /// The sum of every series of a counter on /metrics (absent: 0).

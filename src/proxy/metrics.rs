@@ -52,6 +52,7 @@ struct OutcomeLabel {
 pub struct UpstreamMetrics {
     duration: Histogram,
     errors: Vec<Counter>,
+    resent: Counter,
     upgrades: Vec<Counter>,
     tunnels_open: Gauge,
 }
@@ -72,6 +73,13 @@ impl UpstreamMetrics {
             "Requests to the backend that got no response: connect, timeout, reset",
             upstream_errors.clone(),
         );
+        let resent = Counter::default();
+        r.register(
+            "upstream_resent",
+            "Safe requests without a body sent again on a new connection, after the backend \
+             closed or reset the reused one under them",
+            resent.clone(),
+        );
         let upgrades = Family::<OutcomeLabel, Counter>::default();
         r.register(
             "upgrades",
@@ -90,6 +98,7 @@ impl UpstreamMetrics {
             errors: series(&upstream_errors, UpstreamError::ALL, |kind| ErrorLabel {
                 kind,
             }),
+            resent,
             upgrades: series(&upgrades, UpgradeOutcome::ALL, |outcome| OutcomeLabel {
                 outcome,
             }),
@@ -106,6 +115,11 @@ impl UpstreamMetrics {
         if let Some(c) = self.errors.get(kind as usize) {
             c.inc();
         }
+    }
+
+    /// The counter the pool adds to when it sends a read again.
+    pub fn resent(&self) -> Counter {
+        self.resent.clone()
     }
 
     /// An upgrade request lockstep forwarded, and how it ended.
@@ -136,6 +150,7 @@ mod tests {
         let u = UpstreamMetrics::register(m.registry());
         u.responded(Duration::from_millis(2));
         u.failed(UpstreamError::Reset);
+        u.resent().inc();
         u.upgrade(UpgradeOutcome::Tunnelled);
         u.tunnel_opened();
         u.tunnel_opened();
@@ -146,6 +161,7 @@ mod tests {
             ("lockstep_upstream_errors_total{kind=\"connect\"}", 0.0),
             ("lockstep_upstream_errors_total{kind=\"timeout\"}", 0.0),
             ("lockstep_upstream_errors_total{kind=\"reset\"}", 1.0),
+            ("lockstep_upstream_resent_total", 1.0),
             ("lockstep_upgrades_total{outcome=\"tunnelled\"}", 1.0),
             ("lockstep_upgrades_total{outcome=\"declined\"}", 0.0),
             ("lockstep_upgrades_total{outcome=\"failed\"}", 0.0),

@@ -206,6 +206,7 @@ impl Upstream {
                 settings.limits.pool_idle_timeout,
                 settings.limits.pool_write_reuse,
                 settings.limits.request_timeout,
+                metrics.resent(),
             ),
             host,
             connect_timeout: settings.limits.connect_timeout,

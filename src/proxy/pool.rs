@@ -69,6 +69,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tower_service::Service;
 
 use super::{Connector, ForwardError};
@@ -102,6 +103,8 @@ struct Shared {
     request_timeout: Duration,
     /// Whether the task that closes expired idle connections runs.
     reaping: AtomicBool,
+    /// Reads sent again after a reused connection closed under them.
+    resent: Counter,
 }
 
 /// One connection to the backend.
@@ -265,7 +268,7 @@ impl Pool {
     /// left idle for `idle_timeout`, reuses for a request that is not safe
     /// to repeat only one idle for less than `write_reuse`, and waits
     /// `request_timeout` for the response head of a request once it is on
-    /// its way.
+    /// its way; counts each read it sends again in `resent`.
     pub fn new(
         connector: Connector,
         target: Uri,
@@ -273,6 +276,7 @@ impl Pool {
         idle_timeout: Duration,
         write_reuse: Duration,
         request_timeout: Duration,
+        resent: Counter,
     ) -> Self {
         Self {
             connector,
@@ -284,6 +288,7 @@ impl Pool {
                 write_reuse,
                 request_timeout,
                 reaping: AtomicBool::new(false),
+                resent,
             }),
         }
     }
@@ -383,6 +388,7 @@ impl Pool {
                                     "a reused upstream connection closed under a safe request; \
                                      sending it again on a new one"
                                 );
+                                self.shared.resent.inc();
                                 req = head.request();
                                 fresh = true;
                                 deadline = Some(sent_at + self.shared.request_timeout);
