@@ -222,6 +222,9 @@ where
         self.read_row(stmt, vec![Arg::text(resource)]).await
     }
 
+    /// Runs a write statement: through the group commit on SQLite, on the
+    /// writer pool elsewhere. `release` names the resource of a lock
+    /// release, which the group commit answers as soon as it ran.
     async fn write(
         &self,
         stmt: &Stmt,
