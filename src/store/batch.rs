@@ -379,15 +379,7 @@ fn run_batch(
         let mut rows = Vec::with_capacity(jobs.len());
         for (i, job) in jobs.iter_mut().enumerate() {
             match job_rows(prepared, job) {
-                Ok(r) if !r.is_empty() && job.early.is_some() && job.reply.is_some() => {
-                    if let (Some(resource), Some(reply)) = (&job.early, job.reply.take()) {
-                        undurable.mark(resource);
-                        marked.push(resource.clone());
-                        let _ = reply.send(Ok(r));
-                    }
-                    rows.push(Vec::new());
-                }
-                Ok(r) => rows.push(r),
+                Ok(r) => rows.push(answer_early(job, r, undurable, marked)),
                 Err(e) => {
                     failed_job = Some(i);
                     return Err(e);
@@ -412,6 +404,29 @@ fn run_batch(
             broken: !db.is_autocommit(),
         }
     })
+}
+
+/// A release that released (`rows` not empty) is answered now, its
+/// resource marked in `undurable` and listed in `marked` first; what is
+/// left for the answer after the commit is returned (nothing for it, or
+/// `rows` for any other job, and for a release already answered in an
+/// earlier run of this batch).
+fn answer_early(
+    job: &mut Job,
+    rows: Vec<Values>,
+    undurable: &Undurable,
+    marked: &mut Vec<Arc<str>>,
+) -> Vec<Values> {
+    let (Some(resource), false) = (&job.early, rows.is_empty()) else {
+        return rows;
+    };
+    let Some(reply) = job.reply.take() else {
+        return rows;
+    };
+    undurable.mark(resource);
+    marked.push(resource.clone());
+    let _ = reply.send(Ok(rows));
+    Vec::new()
 }
 
 /// Whether `e` is the failing job's own doing (a constraint, a value that
