@@ -54,7 +54,8 @@ pub struct ServerConfig {
     pub header_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
-    /// Proxy worker threads; 0 means half the CPUs, at least one
+    /// Proxy worker threads; 0 means half the CPUs, at least two (one on a
+    /// single CPU)
     /// (`server::default_workers`).
     pub workers: usize,
     /// PEM certificate chain and key: set both to serve the proxy listener
@@ -395,7 +396,7 @@ impl Config {
         // past this, a typo rather than a machine.
         if self.server.workers > MAX_WORKERS {
             return invalid(format!(
-                "server.workers ({}) must be at most {MAX_WORKERS} (0: half the CPUs)",
+                "server.workers ({}) must be at most {MAX_WORKERS} (0: half the CPUs, at least two)",
                 self.server.workers
             ));
         }

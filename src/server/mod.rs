@@ -191,21 +191,25 @@ async fn serve_connection<I, S>(
 }
 
 /// How many proxy workers `server.workers = 0` starts on `cpus` CPUs (what
-/// the process may use, a container's CPU quota counted): half of them, at
-/// least one.
+/// the process may use, a container's CPU quota counted): half of them,
+/// and at least two where there are two or more.
 ///
 /// Why not one per CPU: lockstep is a sidecar, and the CPUs it sees are
 /// shared with the backend it fronts (and, in the benchmarks, with the load
-/// generator). Measured on 2 shared CPUs (`docs/performance.md`), a second
-/// worker added no throughput beyond the noise: it was preempted about five
-/// times as often (0.65-0.85 context switches per request against
-/// 0.07-0.18), and every small passthrough request cost 24-30 µs of CPU
-/// instead of 20-23 µs (versioned and 64 KiB reads alike). A worker
-/// per CPU pair leaves the rest to the backend, as sidecar proxies commonly
-/// do (Linkerd's proxy takes one core by default, Istio's two workers);
-/// `server.workers` sets any other number.
+/// generator). A worker per CPU pair leaves the rest to the backend, as
+/// sidecar proxies commonly do (Linkerd's proxy takes one core by default,
+/// Istio's two workers); `server.workers` sets any other number.
+///
+/// Why at least two: one worker is one thread, and every connection it
+/// holds waits while the kernel or the host runs something else on its
+/// CPU (the backend, the load, another guest's steal). Measured on 2 shared
+/// CPUs (`docs/performance.md`), twelve alternating 5 s runs each: two
+/// workers served the 31 B passthrough at a median 45.0k requests/s
+/// against 36.5k, 2 KiB at 39.2k against 33.6k, at the same CPU per
+/// request (25-27 µs) and p99; an earlier day's runs, on a quieter host,
+/// had put the two within the noise.
 pub fn default_workers(cpus: usize) -> usize {
-    (cpus / 2).max(1)
+    (cpus / 2).max(cpus.min(2))
 }
 
 /// Serves the proxy listener with `workers` threads, each
@@ -307,9 +311,9 @@ mod tests {
     use super::{default_workers, timer_heartbeat};
 
     #[test]
-    fn the_default_takes_half_the_cpus_and_at_least_one_worker() {
+    fn the_default_takes_half_the_cpus_and_two_workers_from_two_cpus_on() {
         let got: Vec<usize> = [1, 2, 3, 4, 5, 16].map(default_workers).to_vec();
-        assert_eq!(got, [1, 1, 1, 2, 2, 8]);
+        assert_eq!(got, [1, 2, 2, 2, 2, 8]);
     }
 
     #[tokio::test(start_paused = true)]
