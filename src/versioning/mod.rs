@@ -82,9 +82,14 @@ use precondition::Expected;
 /// validation leaves them.
 pub use crate::config::VersioningSettings as Settings;
 
-/// The versioning service. Cheap to clone.
+/// The versioning service. Cheap to clone: one reference count, since
+/// every versioned write clones it into the task that finishes the write
+/// (cloning the parts one by one copied the metrics' counter vectors).
 #[derive(Clone)]
-pub struct Versioning {
+pub struct Versioning(Arc<Wing>);
+
+/// What [`Versioning`] shares between its clones.
+pub struct Wing {
     /// The version table only: the lock table is read solely inside the
     /// version statements (fencing).
     store: Arc<dyn Versions>,
@@ -96,6 +101,14 @@ pub struct Versioning {
     metrics: VersionMetrics,
     /// Each item's last stamp plan, for reads of unchanged bodies.
     plans: Arc<PlanCache>,
+}
+
+impl std::ops::Deref for Versioning {
+    type Target = Wing;
+
+    fn deref(&self) -> &Wing {
+        &self.0
+    }
 }
 
 /// What happened to one versioned request, for the request log.
@@ -178,7 +191,7 @@ impl Versioning {
         metrics: VersionMetrics,
         plans: Arc<PlanCache>,
     ) -> Self {
-        Self {
+        Self(Arc::new(Wing {
             store,
             wakeups,
             upstream,
@@ -186,7 +199,7 @@ impl Versioning {
             settings: Arc::new(settings),
             metrics,
             plans,
-        }
+        }))
     }
 
     /// Handles a request on a versioned route; `route` comes from
