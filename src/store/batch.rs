@@ -622,6 +622,13 @@ mod tests {
         (conn, batcher, first)
     }
 
+    /// Until `n` jobs wait in the queue of a [`parked`] batch thread.
+    async fn queued(batcher: &Batcher, n: usize) {
+        while batcher.tx.len() < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Many jobs of three statements at once: every job gets the rows of
     /// its own statement, with its own arguments.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -795,9 +802,7 @@ mod tests {
         let mut tasks = Vec::new();
         for job in 0..3u8 {
             tasks.push(queue(job));
-            while batcher.tx.len() < usize::from(job) + 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            queued(&batcher, usize::from(job) + 1).await;
         }
         let mut tasks = tasks.into_iter();
         let (released, nothing, slow) = (
@@ -862,9 +867,7 @@ mod tests {
             }));
         }
         // All three queued before the connection is free: one batch.
-        while batcher.tx.len() < 3 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        queued(&batcher, 3).await;
         drop(conn);
         assert!(parked.await.unwrap().unwrap().is_empty());
         let mut outcomes = Vec::new();
