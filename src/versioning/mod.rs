@@ -699,13 +699,17 @@ impl Versioning {
         fence: Option<&Fence>,
     ) -> std::result::Result<(i64, Instant), Failure> {
         let deadline = Instant::now() + self.settings.write_wait;
-        let mut waiter = self.wakeups.subscribe(Topic::Version, key);
         if let Some(version) = expected.exact() {
             if let Some(held) = self.claim_at(key, version, lease_id, fence).await? {
                 return Ok(held);
             }
             self.check_fence(fence).await.at(version)?;
         }
+        // Subscribed before the state it may wait on is read, so a commit
+        // after that read still wakes it; the fast path above waits on
+        // nothing and needs no subscription (one per write would make every
+        // commit of every key broadcast its name to all of them).
+        let mut waiter = self.wakeups.subscribe(Topic::Version, key);
         let mut backoff = Duration::from_millis(10);
         loop {
             let state = self.store.current(key).await?;
