@@ -22,7 +22,7 @@
 #   INSTR_REQUESTS=500 INSTR_OUT=report.md benches/instructions.sh
 #
 # Needs valgrind, nginx, python3 and curl (installed when missing, as for
-# run.sh; BENCH_SKIP_INSTALL=1 skips that), about 3 minutes per binary.
+# run.sh; BENCH_SKIP_INSTALL=1 skips that), about 4 minutes per binary.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -89,7 +89,9 @@ EOF
 
 # The client: COUNT requests of KIND, one after another on one connection;
 # a PATCH sends the ETag of the previous answer as If-Match (a checked
-# write), and anything but 200 stops the measurement.
+# write), a lock "request" is a pair (acquire, then release by its owner,
+# on the admin listener), and any other answer than 200 (204 for a
+# release) stops the measurement.
 cat >"$TMP/client.py" <<'EOF'
 import http.client, sys
 port, kind, count = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -100,6 +102,14 @@ for _ in range(count):
         conn.request("GET", "/plain/1")
     elif kind == "read":
         conn.request("GET", "/articles/1")
+    elif kind == "lock":
+        conn.request("POST", "/locks/instructions", body='{"owner":"w","ttl_ms":30000}',
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            sys.exit(f"lock acquire: answered {resp.status}")
+        conn.request("DELETE", "/locks/instructions", headers={"Lock-Owner": "w"})
     else:
         headers = {"Content-Type": "application/json"}
         if etag:
@@ -107,7 +117,7 @@ for _ in range(count):
         conn.request("PATCH", "/items/instructions", body='{"title":"bench"}', headers=headers)
     resp = conn.getresponse()
     resp.read()
-    if resp.status != 200:
+    if resp.status != (204 if kind == "lock" else 200):
         sys.exit(f"{kind}: answered {resp.status}")
     etag = resp.getheader("ETag")
 EOF
@@ -134,6 +144,7 @@ count() {
         wait_http nginx-proxy "$pid" "http://127.0.0.1:$P_PROXY/"
     else
         port=$P_LOCKSTEP
+        [[ $kind == lock ]] && port=$P_ADMIN
         rm -f "$TMP/bench.db" "$TMP/bench.db-wal" "$TMP/bench.db-shm"
         start lockstep valgrind --tool=callgrind --callgrind-out-file="$out" \
             "$server" serve --config "$TMP/lockstep.toml"
@@ -164,7 +175,7 @@ per_request() {
 
 declare -A A B
 log "counting $LOCKSTEP, $N and $((3 * N)) requests per row"
-for kind in passthrough read patch; do
+for kind in passthrough read patch lock; do
     A[$kind]=$(per_request "$LOCKSTEP" "$kind")
     log "$kind: ${A[$kind]} instructions per request"
     if [[ -n $OTHER ]]; then
@@ -190,11 +201,12 @@ report() {
         echo "|---|---|---:|---:|"
     fi
     local kind request
-    for kind in passthrough read patch; do
+    for kind in passthrough read patch lock; do
         case $kind in
         passthrough) request="GET /plain/1 (31 B)" ;;
         read) request="versioned GET /articles/1" ;;
         patch) request="checked PATCH /items/… with If-Match (SQLite)" ;;
+        lock) request="lock acquire + release, one pair (SQLite)" ;;
         esac
         if [[ -n $OTHER ]]; then
             echo "| $kind | $request | ${A[$kind]} | ${B[$kind]} | $(python3 -c "print(f'{${B[$kind]} / ${A[$kind]}:.3f}')") |"

@@ -461,7 +461,19 @@ fn is_the_jobs_own(e: &rusqlite::Error) -> bool {
 /// to live at that address while the entry is here.
 struct Prepared<'db> {
     db: &'db rusqlite::Connection,
-    statements: Vec<(Arc<str>, rusqlite::Statement<'db>)>,
+    statements: Vec<(Arc<str>, Runnable<'db>)>,
+}
+
+/// A store statement as the batch thread runs it.
+enum Runnable<'db> {
+    Whole(rusqlite::Statement<'db>),
+    /// An `UPDATE … RETURNING` of one `versions` row, run as the `UPDATE`
+    /// and then, when it changed the row, a `SELECT` of the `RETURNING`
+    /// list from that row ([`split_returning`]).
+    Split {
+        update: rusqlite::Statement<'db>,
+        select: rusqlite::Statement<'db>,
+    },
 }
 
 impl<'db> Prepared<'db> {
@@ -474,7 +486,7 @@ impl<'db> Prepared<'db> {
 
     /// The statement for `sql`, prepared on first use. Past [`PREPARED`]
     /// texts (only ad hoc statements, never the store's) the oldest goes.
-    fn get(&mut self, sql: &Arc<str>) -> rusqlite::Result<&mut rusqlite::Statement<'db>> {
+    fn get(&mut self, sql: &Arc<str>) -> rusqlite::Result<&mut Runnable<'db>> {
         let found = self
             .statements
             .iter()
@@ -482,11 +494,17 @@ impl<'db> Prepared<'db> {
         let index = match found {
             Some(index) => index,
             None => {
-                let statement = self.db.prepare(sql)?;
+                let runnable = match split_returning(sql) {
+                    Some((update, select)) => Runnable::Split {
+                        update: self.db.prepare(&update)?,
+                        select: self.db.prepare(&select)?,
+                    },
+                    None => Runnable::Whole(self.db.prepare(sql)?),
+                };
                 if self.statements.len() == PREPARED {
                     self.statements.remove(0);
                 }
-                self.statements.push((sql.clone(), statement));
+                self.statements.push((sql.clone(), runnable));
                 self.statements.len() - 1
             }
         };
@@ -494,28 +512,210 @@ impl<'db> Prepared<'db> {
     }
 }
 
+/// The tables whose one-row `UPDATE … RETURNING` statements
+/// [`split_returning`] splits, each with its primary key.
+const SPLIT_TABLES: [(&str, &str); 2] = [("versions", "key"), ("locks", "resource")];
+
+/// `UPDATE t SET … WHERE k = $1 [AND …] RETURNING list`, of a table `t`
+/// of [`SPLIT_TABLES`] with primary key `k`, as an `UPDATE` without its
+/// `RETURNING` and `SELECT list FROM t WHERE k = $1`; `None` for any other
+/// statement.
+///
+/// Why: SQLite gathers every `RETURNING` row in an ephemeral B-tree before
+/// it hands out the first (a pager opened, a 4 KiB page zeroed, all closed
+/// again), and for the one short row these statements return that was
+/// about a fifth of the group commit thread's work on a checked write
+/// (`benches/instructions.sh`). Run in the same transaction, right after
+/// the `UPDATE`, the `SELECT` reads the row as the `UPDATE` left it, which
+/// is what `RETURNING` shows, provided that:
+/// * the `UPDATE` changed that row or none: `k` is the primary key, the
+///   `SET` does not name it, and no top-level `OR` widens the `WHERE`;
+/// * each item of the list reads only the row's columns (names and
+///   `CAST`s: no function, no `CURRENT_TIME…`, which a second statement
+///   would evaluate again), or is the clock's reading (the dialect's
+///   `now_ms`) that the `SET` also stores in a column: SQLite reads the
+///   clock once per statement step, so that column holds the very value
+///   `RETURNING` shows, and the `SELECT` reads the column;
+/// * nothing changes the row after the `UPDATE` (SQLite's schema has no
+///   triggers; PostgreSQL runs every statement as written).
+///
+/// Quoted text and parentheses are skipped when the clauses are looked
+/// for; a `;` outside quotes, whitespace other than spaces, or quotes or
+/// parentheses left open, and the statement runs whole.
+fn split_returning(sql: &str) -> Option<(String, String)> {
+    let rest = sql.strip_prefix("UPDATE ")?;
+    let (table, key, body) = SPLIT_TABLES.iter().find_map(|&(table, key)| {
+        let body = rest.strip_prefix(table)?.strip_prefix(" SET ")?;
+        Some((table, key, body))
+    })?;
+    if body.contains(|c: char| c.is_whitespace() && c != ' ') {
+        return None;
+    }
+    let keyword = |rest: &str, k: &str| {
+        rest.get(..k.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(k))
+    };
+    let (mut where_at, mut returning_at) = (None, None);
+    let mut refused = false;
+    top_level(body, |i, c| {
+        if c != ' ' || refused {
+            return;
+        }
+        let rest = &body[i..];
+        refused = if keyword(rest, " WHERE ") {
+            where_at.replace(i).is_some()
+        } else if keyword(rest, " RETURNING ") {
+            where_at.is_none() || returning_at.replace(i).is_some()
+        } else {
+            where_at.is_some() && keyword(rest, " OR ")
+        };
+    })?;
+    let (where_at, returning_at) = (where_at?, returning_at?);
+    if refused {
+        return None;
+    }
+    let set = &body[..where_at];
+    let guard = body[where_at + " WHERE ".len()..returning_at]
+        .strip_prefix(key)?
+        .strip_prefix(" = $1")?;
+    if !(guard.is_empty() || guard.starts_with(" AND ")) {
+        return None;
+    }
+    let names_key = set
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|word| word.eq_ignore_ascii_case(key));
+    if names_key {
+        return None;
+    }
+    let now = super::sqlite::DIALECT.now_ms;
+    let clock_column = split_top_level(set, ',')?.into_iter().find_map(|item| {
+        let (column, value) = item.trim().split_once(" = ")?;
+        let plain = column
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        (plain && value == now).then_some(column)
+    });
+    let mut columns = Vec::new();
+    for item in split_top_level(&body[returning_at + " RETURNING ".len()..], ',')? {
+        let item = item.trim();
+        columns.push(match clock_column {
+            Some(column) if item == now => column,
+            _ if reads_the_row_only(item) => item,
+            _ => return None,
+        });
+    }
+    Some((
+        format!("UPDATE {table} SET {set}{}", &body[where_at..returning_at]),
+        format!(
+            "SELECT {} FROM {table} WHERE {key} = $1",
+            columns.join(", ")
+        ),
+    ))
+}
+
+/// Calls `each` with every character of `sql` (and its offset) that is
+/// outside quotes and parentheses; `None` for a `;` there, or quotes or
+/// parentheses left open.
+fn top_level(sql: &str, mut each: impl FnMut(usize, char)) -> Option<()> {
+    let (mut depth, mut quote) = (0i32, None);
+    for (i, c) in sql.char_indices() {
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ';' => return None,
+            _ if depth == 0 => each(i, c),
+            _ => {}
+        }
+        if depth < 0 {
+            return None;
+        }
+    }
+    (quote.is_none() && depth == 0).then_some(())
+}
+
+/// `sql` cut at every top-level `sep` ([`top_level`]).
+fn split_top_level(sql: &str, sep: char) -> Option<Vec<&str>> {
+    let mut cuts = Vec::new();
+    top_level(sql, |i, c| {
+        if c == sep {
+            cuts.push(i);
+        }
+    })?;
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0;
+    for cut in cuts {
+        parts.push(&sql[start..cut]);
+        start = cut + sep.len_utf8();
+    }
+    parts.push(&sql[start..]);
+    Some(parts)
+}
+
+/// Whether a `RETURNING` item reads nothing but the row's columns: names,
+/// `CAST(… AS type)`, no other function and no `CURRENT_TIME…`.
+fn reads_the_row_only(item: &str) -> bool {
+    !item.is_empty()
+        && item
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ' ' | '(' | ')'))
+        && item.split('(').rev().skip(1).all(|before| {
+            let name = before.rsplit([' ', '(']).next().unwrap_or_default();
+            name.eq_ignore_ascii_case("CAST")
+        })
+        && !item.split([' ', '(', ')']).any(|word| {
+            word.get(..8)
+                .is_some_and(|w| w.eq_ignore_ascii_case("CURRENT_"))
+        })
+}
+
 /// Runs a job's statements, and returns their rows.
 fn job_rows(prepared: &mut Prepared<'_>, job: &Job) -> rusqlite::Result<Vec<Values>> {
-    let mut out = rows(prepared.get(&job.sql)?, &job.sql, &job.args)?;
+    let mut out = run(prepared.get(&job.sql)?, &job.sql, &job.args)?;
     for (sql, args) in &job.then {
-        out.extend(rows(prepared.get(sql)?, sql, args)?);
+        out.extend(run(prepared.get(sql)?, sql, args)?);
     }
     Ok(out)
 }
 
-/// Runs one prepared statement (of `sql`) with `args` bound, and returns
-/// its rows.
+/// Runs one store statement (of `sql`) with `args`, and returns its rows.
+fn run(runnable: &mut Runnable<'_>, sql: &str, args: &[Arg]) -> rusqlite::Result<Vec<Values>> {
+    match runnable {
+        Runnable::Whole(stmt) => {
+            bind(stmt, sql, args, true)?;
+            rows(stmt, sql)
+        }
+        Runnable::Split { update, select } => {
+            bind(update, sql, args, true)?;
+            if update.raw_execute()? == 0 {
+                return Ok(Vec::new());
+            }
+            bind(select, sql, args, false)?;
+            rows(select, sql)
+        }
+    }
+}
+
+/// Binds `args` to the prepared `stmt` (of `sql`); with `every`, the
+/// statement must take all of them.
 ///
 /// `$n` in the store's statements (the form both engines share) means the
 /// n-th argument, as sqlx binds it; to SQLite it is a named parameter,
 /// numbered in the order the names first appear. So each is bound by name.
-fn rows(
+fn bind(
     stmt: &mut rusqlite::Statement<'_>,
     sql: &str,
     args: &[Arg],
-) -> rusqlite::Result<Vec<Values>> {
+    every: bool,
+) -> rusqlite::Result<()> {
     let count = stmt.parameter_count();
-    if count != args.len() {
+    if count > args.len() || (every && count != args.len()) {
         return Err(rusqlite::Error::InvalidParameterCount(args.len(), count));
     }
     for index in 1..=count {
@@ -526,7 +726,8 @@ fn rows(
             .and_then(|n| args.get(n.checked_sub(1)?))
             .ok_or_else(|| {
                 rusqlite::Error::InvalidParameterName(format!(
-                    "parameter {index} of {sql:?} is not one of $1 to ${count}"
+                    "parameter {index} of {sql:?} is not one of $1 to ${}",
+                    args.len()
                 ))
             })?;
         match arg {
@@ -534,6 +735,11 @@ fn rows(
             Arg::Text(s) => stmt.raw_bind_parameter(index, s.as_str())?,
         }
     }
+    Ok(())
+}
+
+/// The rows of the bound `stmt` (of `sql`).
+fn rows(stmt: &mut rusqlite::Statement<'_>, sql: &str) -> rusqlite::Result<Vec<Values>> {
     let columns = stmt.column_count();
     let mut out = Vec::new();
     let mut rows = stmt.raw_query();
@@ -966,5 +1172,296 @@ mod tests {
             .unwrap();
         assert_eq!(lost, vec![Values::new(vec![Value::Int(0)])]);
         assert!(batcher.execute_all(Vec::new()).await.unwrap().is_empty());
+    }
+
+    /// The version table's statements, as the SQLite store builds them.
+    fn version_sql() -> super::super::statements::VersionSql {
+        super::super::statements::VersionSql::new(&super::super::sqlite::DIALECT)
+    }
+
+    /// The lock table's statements, as the SQLite store builds them.
+    fn lock_sql() -> super::super::statements::LockSql {
+        super::super::statements::LockSql::new(&super::super::sqlite::DIALECT)
+    }
+
+    #[test]
+    fn only_an_update_returning_of_one_row_is_split() {
+        let v = version_sql();
+        let l = lock_sql();
+        let (update, select) = split_returning(&l.release.sql).unwrap();
+        let now = super::super::sqlite::DIALECT.now_ms;
+        assert!(
+            update.ends_with(&format!("AND expires_at > {now}")),
+            "{update}"
+        );
+        assert_eq!(
+            select,
+            "SELECT resource, prev_owner, fencing_token, acquired_at, prev_expires_at, \
+             label, ttl_ms, expires_at FROM locks WHERE resource = $1"
+        );
+        for s in [&l.acquire, &l.renew, &l.get_any, &l.get_live] {
+            assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
+        }
+        assert_eq!(split_returning(&l.sweep_delete), None);
+        assert_eq!(split_returning(&l.sweep_raise_floor), None);
+        for s in [
+            &v.claim_existing,
+            &v.claim_existing_fenced,
+            &v.commit,
+            &v.bump_and_hold,
+        ] {
+            let (update, select) = split_returning(&s.sql).unwrap_or_else(|| panic!("{}", s.sql));
+            assert!(update.starts_with("UPDATE versions SET "), "{update}");
+            assert!(!update.contains("RETURNING"), "{update}");
+            assert!(select.starts_with("SELECT version"), "{select}");
+            assert!(
+                select.ends_with(" FROM versions WHERE key = $1"),
+                "{select}"
+            );
+        }
+        for s in [
+            &v.current,
+            &v.fence_token,
+            &v.claim_new,
+            &v.claim_new_fenced,
+            &v.abort_inserted,
+            &v.abort,
+            &v.created,
+        ] {
+            assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
+        }
+        for sql in [
+            // Could change another row than the key's.
+            "UPDATE versions SET version = 2 WHERE key = $1 OR key = $2 RETURNING version",
+            "UPDATE versions SET version = 2 WHERE key = $1 AND version = 1 OR 1 RETURNING version",
+            "UPDATE versions SET version = 2 WHERE key = $10 RETURNING version",
+            "UPDATE versions SET version = 2 WHERE version = 1 AND key = $1 RETURNING version",
+            "UPDATE versions SET key = $2 WHERE key = $1 RETURNING version",
+            "UPDATE versions SET version = 2, key = $2 WHERE key = $1 RETURNING version",
+            "UPDATE versions SET version = 2, KEY=$2 WHERE key = $1 RETURNING version",
+            "UPDATE versions SET \"key\" = $2 WHERE key = $1 RETURNING version",
+            "UPDATE versions SET version = 2 WHERE key = $1 AND 0 or 1 RETURNING version",
+            "UPDATE versions SET version = 2 WHERE key = $1 AND 0\nOR 1 RETURNING version",
+            // A list a second statement would read differently.
+            "UPDATE versions SET version = 2 WHERE key = $1 RETURNING julianday('now')",
+            "UPDATE versions SET version = 2 WHERE key = $1 RETURNING random()",
+            "UPDATE versions SET version = 2 WHERE key = $1 RETURNING version, current_timestamp",
+            "UPDATE versions SET version = 2 WHERE key = $1 RETURNING (version)",
+            // Not one plain statement.
+            "UPDATE versions SET version = 2 WHERE key = $1; DELETE FROM versions RETURNING key",
+            "UPDATE versions SET version = 2 WHERE key = $1 AND lease_id = 'a RETURNING version",
+            "UPDATE versions SET version = 2 WHERE key = $1 AND (lease_id IS NULL RETURNING version",
+            "UPDATE versions SET version = 2 WHERE key = $1 AND lease_id = $2",
+            "UPDATE versions SET version = 2 RETURNING version",
+            "UPDATE locks SET owner = NULL WHERE key = $1 RETURNING fencing_token",
+            "UPDATE locksmith SET owner = NULL WHERE resource = $1 RETURNING owner",
+            "UPDATE lock_token_floor SET token = token WHERE id = 1 RETURNING token",
+            // The clock read again: not stored by the SET, or stored altered.
+            &format!("UPDATE locks SET owner = NULL WHERE resource = $1 RETURNING {now}"),
+            &format!(
+                "UPDATE locks SET expires_at = {now} + $3 WHERE resource = $1 RETURNING {now}"
+            ),
+            &format!(
+                "UPDATE locks SET owner = NULL WHERE resource = $1 RETURNING owner, {now} + 1"
+            ),
+        ] {
+            assert_eq!(split_returning(sql), None, "{sql}");
+        }
+        // An OR inside parentheses or quotes narrows nothing away.
+        let sql = "UPDATE versions SET version = 2 WHERE key = $1 \
+                   AND (lease_id IS NULL OR lease_until <= 5) AND lease_id <> ' OR ' \
+                   RETURNING version, CAST(lease_inserted AS BIGINT)";
+        assert_eq!(
+            split_returning(sql).map(|(_, select)| select),
+            Some(
+                "SELECT version, CAST(lease_inserted AS BIGINT) FROM versions WHERE key = $1"
+                    .to_owned()
+            )
+        );
+    }
+
+    /// The version statements run whole and split, each on its own copy of
+    /// one starting state, for every state a row can be in: the same rows
+    /// come back and the same row is left (`updated_at` and `lease_until`
+    /// compared as changed or not, as they read the clock).
+    #[test]
+    fn a_split_statement_returns_and_leaves_what_the_whole_one_does() {
+        let schema = schema();
+        let states = [
+            None,
+            Some("(3, 1000, NULL, NULL, 0)"),
+            Some("(3, 1000, 'a', 99999999999999, 0)"),
+            Some("(3, 1000, 'a', 99999999999999, 1)"),
+            Some("(3, 1000, 'a', 1, 0)"),
+            Some("(3, 1000, 'b', 99999999999999, 0)"),
+            Some("(3, 1000, 'b', 1, 0)"),
+        ];
+        let v = version_sql();
+        let text = |s: &str| Arg::Text(s.to_owned());
+        let cases: Vec<(&Arc<str>, Vec<Arg>)> = vec![
+            (
+                &v.claim_existing,
+                vec![text("k"), text("a"), Arg::Int(5000), Arg::Int(3)],
+            ),
+            (
+                &v.claim_existing,
+                vec![text("k"), text("a"), Arg::Int(5000), Arg::Int(4)],
+            ),
+            (
+                &v.claim_existing_fenced,
+                vec![
+                    text("k"),
+                    text("a"),
+                    Arg::Int(5000),
+                    Arg::Int(3),
+                    text("r"),
+                    Arg::Int(7),
+                ],
+            ),
+            (
+                &v.claim_existing_fenced,
+                vec![
+                    text("k"),
+                    text("a"),
+                    Arg::Int(5000),
+                    Arg::Int(3),
+                    text("r"),
+                    Arg::Int(6),
+                ],
+            ),
+            (&v.commit, vec![text("k"), text("a")]),
+            (&v.bump_and_hold, vec![text("k"), text("a")]),
+        ]
+        .into_iter()
+        .map(|(s, args)| (&s.sql, args))
+        .collect();
+        let mut split_ran = 0;
+        for row in states {
+            for (sql, args) in &cases {
+                let mut outcome = Vec::new();
+                for split in [false, true] {
+                    let db = rusqlite::Connection::open_in_memory().unwrap();
+                    db.execute_batch(&schema).unwrap();
+                    db.execute_batch(
+                        "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
+                         VALUES ('r', 'o', 7, 0, 99999999999999); \
+                         INSERT INTO versions (key, version, updated_at) VALUES ('other', 5, 1000);",
+                    )
+                    .unwrap();
+                    if let Some(row) = row {
+                        db.execute_batch(&format!(
+                            "INSERT INTO versions \
+                             (key, version, updated_at, lease_id, lease_until, lease_inserted) \
+                             VALUES ('k', {})",
+                            row.trim_matches(['(', ')'])
+                        ))
+                        .unwrap();
+                    }
+                    let mut runnable = match split_returning(sql) {
+                        Some((update, select)) if split => Runnable::Split {
+                            update: db.prepare(&update).unwrap(),
+                            select: db.prepare(&select).unwrap(),
+                        },
+                        _ => Runnable::Whole(db.prepare(sql).unwrap()),
+                    };
+                    let returned = run(&mut runnable, sql, args).unwrap();
+                    drop(runnable);
+                    let mut left = db
+                        .prepare(
+                            "SELECT key, version, updated_at <> 1000, lease_id, \
+                             lease_until IS NULL, lease_inserted FROM versions ORDER BY key",
+                        )
+                        .unwrap();
+                    let left = rows(&mut left, "left").unwrap();
+                    if split && !returned.is_empty() {
+                        split_ran += 1;
+                    }
+                    outcome.push((returned, left));
+                }
+                assert_eq!(outcome[0], outcome[1], "{sql} with {args:?} on {row:?}");
+            }
+        }
+        assert!(split_ran >= 6, "only {split_ran} split runs changed a row");
+    }
+
+    /// The SQLite store's tables, as its migrations leave them.
+    fn schema() -> String {
+        [
+            include_str!("../../migrations/sqlite/0001_init.sql"),
+            include_str!("../../migrations/sqlite/0002_lease_inserted.sql"),
+            include_str!("../../migrations/sqlite/0003_lock_label.sql"),
+            include_str!("../../migrations/sqlite/0004_body_hash.sql"),
+            include_str!("../../migrations/sqlite/0005_lock_ttl.sql"),
+        ]
+        .concat()
+    }
+
+    /// The lock release run whole and split, each on its own copy of one
+    /// starting state: the same row comes back and the same row is left,
+    /// but for the clock's reading, which the two runs take at different
+    /// times; in each run the reading returned is the expiry stored.
+    #[test]
+    fn a_split_lock_release_returns_and_leaves_what_the_whole_one_does() {
+        let schema = schema();
+        let states = [
+            None,
+            Some("(NULL, 4, 10, 99999999999999, 'p', 20, NULL, 900)"),
+            Some("('o', 4, 10, 99999999999999, 'p', 20, 'job 7', 900)"),
+            Some("('o', 4, 10, 1, NULL, NULL, NULL, 900)"),
+            Some("('q', 4, 10, 99999999999999, NULL, NULL, NULL, 900)"),
+        ];
+        let release = lock_sql().release.sql;
+        let text = |s: &str| Arg::Text(s.to_owned());
+        let mut released = 0;
+        for row in states {
+            for args in [vec![text("r"), text("o")], vec![text("x"), text("o")]] {
+                let mut outcome = Vec::new();
+                for split in [false, true] {
+                    let db = rusqlite::Connection::open_in_memory().unwrap();
+                    db.execute_batch(&schema).unwrap();
+                    if let Some(row) = row {
+                        db.execute_batch(&format!(
+                            "INSERT INTO locks (resource, owner, fencing_token, acquired_at, \
+                             expires_at, prev_owner, prev_expires_at, label, ttl_ms) \
+                             VALUES ('r', {})",
+                            row.trim_matches(['(', ')'])
+                        ))
+                        .unwrap();
+                    }
+                    let mut runnable = match split_returning(&release) {
+                        Some((update, select)) if split => Runnable::Split {
+                            update: db.prepare(&update).unwrap(),
+                            select: db.prepare(&select).unwrap(),
+                        },
+                        _ => Runnable::Whole(db.prepare(&release).unwrap()),
+                    };
+                    let mut returned = run(&mut runnable, &release, &args).unwrap();
+                    drop(runnable);
+                    let mut left = db
+                        .prepare(
+                            "SELECT resource, owner, fencing_token, acquired_at, \
+                             CASE WHEN expires_at IN (1, 99999999999999) THEN expires_at END, \
+                             prev_owner, prev_expires_at, label, ttl_ms, expires_at FROM locks",
+                        )
+                        .unwrap();
+                    let mut left = rows(&mut left, "left").unwrap();
+                    let stored = left
+                        .iter_mut()
+                        .map(|row| row.columns_mut().pop())
+                        .collect::<Vec<_>>();
+                    if let Some(now) = returned.first_mut().and_then(|row| row.columns_mut().pop())
+                    {
+                        assert_eq!(stored, vec![Some(now)], "split: {split}, {row:?}");
+                        released += 1;
+                    }
+                    outcome.push((returned, left));
+                }
+                assert_eq!(outcome[0], outcome[1], "{args:?} on {row:?}");
+            }
+        }
+        assert_eq!(
+            released, 2,
+            "only the live lock of 'o' is released, both ways"
+        );
     }
 }

@@ -68,6 +68,12 @@ impl Values {
         Self(columns)
     }
 
+    /// The columns, for tests that take a row apart.
+    #[cfg(test)]
+    pub fn columns_mut(&mut self) -> &mut Vec<Value> {
+        &mut self.0
+    }
+
     /// Column `index` as `T`; an error when the row is shorter or the
     /// column holds another kind of value (NULL only fits an `Option`).
     pub fn get<T: FromValue>(&self, index: usize) -> Result<T, sqlx::Error> {
