@@ -516,10 +516,11 @@ impl<'db> Prepared<'db> {
 /// [`split_returning`] splits, each with its primary key.
 const SPLIT_TABLES: [(&str, &str); 2] = [("versions", "key"), ("locks", "resource")];
 
-/// `UPDATE t SET … WHERE k = $1 [AND …] RETURNING list`, of a table `t`
-/// of [`SPLIT_TABLES`] with primary key `k`, as an `UPDATE` without its
-/// `RETURNING` and `SELECT list FROM t WHERE k = $1`; `None` for any other
-/// statement.
+/// `UPDATE t SET … WHERE k = $1 [AND …] RETURNING list`, or `INSERT INTO
+/// t (k, …) VALUES ($1, …) ON CONFLICT (k) DO UPDATE SET … RETURNING
+/// list`, of a table `t` of [`SPLIT_TABLES`] with primary key `k`, as the
+/// statement without its `RETURNING` and `SELECT list FROM t WHERE k =
+/// $1`; `None` for any other statement.
 ///
 /// Why: SQLite gathers every `RETURNING` row in an ephemeral B-tree before
 /// it hands out the first (a pager opened, a 4 KiB page zeroed, all closed
@@ -528,11 +529,13 @@ const SPLIT_TABLES: [(&str, &str); 2] = [("versions", "key"), ("locks", "resourc
 /// (`benches/instructions.sh`). Run in the same transaction, right after
 /// the `UPDATE`, the `SELECT` reads the row as the `UPDATE` left it, which
 /// is what `RETURNING` shows, provided that:
-/// * the `UPDATE` changed that row or none: `k` is the primary key, the
-///   `SET` does not name it, and no top-level `OR` widens the `WHERE`;
-/// * each item of the list reads only the row's columns (names and
-///   `CAST`s: no function, no `CURRENT_TIME…`, which a second statement
-///   would evaluate again), or is the clock's reading (the dialect's
+/// * the statement changed that row or none: `k` is the primary key, the
+///   `SET` does not name it, and no top-level `OR` widens an `UPDATE`'s
+///   `WHERE`; an upsert inserts the row of key `$1` or updates the one its
+///   insert collided with, which has that key;
+/// * each item of the list reads only the row's columns (names, `CAST`s
+///   and differences: no function, no `CURRENT_TIME…`, which a second
+///   statement would evaluate again), or is the clock's reading (the dialect's
 ///   `now_ms`) that the `SET` also stores in a column: SQLite reads the
 ///   clock once per statement step, so that column holds the very value
 ///   `RETURNING` shows, and the `SELECT` reads the column;
@@ -543,18 +546,34 @@ const SPLIT_TABLES: [(&str, &str); 2] = [("versions", "key"), ("locks", "resourc
 /// for; a `;` outside quotes, whitespace other than spaces, or quotes or
 /// parentheses left open, and the statement runs whole.
 fn split_returning(sql: &str) -> Option<(String, String)> {
+    if body_is_plain(sql) {
+        split_update(sql).or_else(|| split_upsert(sql))
+    } else {
+        None
+    }
+}
+
+/// No whitespace but spaces (the clause scans look for ` WHERE ` and the
+/// like), and no comment.
+fn body_is_plain(sql: &str) -> bool {
+    !sql.contains(|c: char| c.is_whitespace() && c != ' ')
+        && !sql.contains("--")
+        && !sql.contains("/*")
+}
+
+/// Whether `rest` begins with the keyword `k` (any case).
+fn keyword(rest: &str, k: &str) -> bool {
+    rest.get(..k.len())
+        .is_some_and(|s| s.eq_ignore_ascii_case(k))
+}
+
+/// The `UPDATE` form of [`split_returning`].
+fn split_update(sql: &str) -> Option<(String, String)> {
     let rest = sql.strip_prefix("UPDATE ")?;
     let (table, key, body) = SPLIT_TABLES.iter().find_map(|&(table, key)| {
         let body = rest.strip_prefix(table)?.strip_prefix(" SET ")?;
         Some((table, key, body))
     })?;
-    if body.contains(|c: char| c.is_whitespace() && c != ' ') {
-        return None;
-    }
-    let keyword = |rest: &str, k: &str| {
-        rest.get(..k.len())
-            .is_some_and(|s| s.eq_ignore_ascii_case(k))
-    };
     let (mut where_at, mut returning_at) = (None, None);
     let mut refused = false;
     top_level(body, |i, c| {
@@ -587,6 +606,70 @@ fn split_returning(sql: &str) -> Option<(String, String)> {
     if names_key {
         return None;
     }
+    let columns = select_list(set, &body[returning_at + " RETURNING ".len()..])?;
+    Some((
+        format!("UPDATE {table} SET {set}{}", &body[where_at..returning_at]),
+        format!("SELECT {columns} FROM {table} WHERE {key} = $1"),
+    ))
+}
+
+/// The upsert form of [`split_returning`].
+fn split_upsert(sql: &str) -> Option<(String, String)> {
+    let rest = sql.strip_prefix("INSERT INTO ")?;
+    let (table, key) = SPLIT_TABLES.iter().copied().find(|&(table, key)| {
+        rest.strip_prefix(table)
+            .and_then(|r| r.strip_prefix(" ("))
+            .and_then(|r| r.strip_prefix(key))
+            .is_some_and(|r| r.starts_with(", "))
+    })?;
+    let (mut values_at, mut conflict_at, mut returning_at) = (None, None, None);
+    let conflict = format!(" ON CONFLICT ({key}) DO UPDATE SET ");
+    let mut refused = false;
+    top_level(sql, |i, c| {
+        if c != ' ' || refused {
+            return;
+        }
+        let rest = &sql[i..];
+        // Each clause once, in this order.
+        let (seen, out_of_order) = if keyword(rest, " VALUES ") {
+            (&mut values_at, conflict_at.is_some())
+        } else if keyword(rest, " ON CONFLICT ") {
+            (&mut conflict_at, values_at.is_none())
+        } else if keyword(rest, " RETURNING ") {
+            (&mut returning_at, conflict_at.is_none())
+        } else {
+            return;
+        };
+        refused = out_of_order || seen.replace(i).is_some();
+    })?;
+    let (values_at, conflict_at, returning_at) = (values_at?, conflict_at?, returning_at?);
+    // One row of values, its key `$1`.
+    let values = &sql[values_at + " VALUES ".len()..conflict_at];
+    let one_row = values.starts_with("($1, ")
+        && values.ends_with(')')
+        && split_top_level(values, ',')?.len() == 1;
+    if refused || !one_row || !sql[conflict_at..].starts_with(&conflict) {
+        return None;
+    }
+    let update = &sql[conflict_at + conflict.len()..returning_at];
+    let names_key = update
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|word| word.eq_ignore_ascii_case(key));
+    if names_key {
+        return None;
+    }
+    // What the update's SET stores is not what the insert stores: no
+    // clock reading is taken from a column, only plain columns are read.
+    let columns = select_list("", &sql[returning_at + " RETURNING ".len()..])?;
+    Some((
+        sql[..returning_at].to_owned(),
+        format!("SELECT {columns} FROM {table} WHERE {key} = $1"),
+    ))
+}
+
+/// The `SELECT` list that reads back what `list` returns from the row a
+/// statement with the top-level assignments `set` left ([`split_returning`]).
+fn select_list(set: &str, list: &str) -> Option<String> {
     let now = super::sqlite::DIALECT.now_ms;
     let clock_column = split_top_level(set, ',')?.into_iter().find_map(|item| {
         let (column, value) = item.trim().split_once(" = ")?;
@@ -596,7 +679,7 @@ fn split_returning(sql: &str) -> Option<(String, String)> {
         (plain && value == now).then_some(column)
     });
     let mut columns = Vec::new();
-    for item in split_top_level(&body[returning_at + " RETURNING ".len()..], ',')? {
+    for item in split_top_level(list, ',')? {
         let item = item.trim();
         columns.push(match clock_column {
             Some(column) if item == now => column,
@@ -604,13 +687,7 @@ fn split_returning(sql: &str) -> Option<(String, String)> {
             _ => return None,
         });
     }
-    Some((
-        format!("UPDATE {table} SET {set}{}", &body[where_at..returning_at]),
-        format!(
-            "SELECT {} FROM {table} WHERE {key} = $1",
-            columns.join(", ")
-        ),
-    ))
+    Some(columns.join(", "))
 }
 
 /// Calls `each` with every character of `sql` (and its offset) that is
@@ -659,12 +736,13 @@ fn split_top_level(sql: &str, sep: char) -> Option<Vec<&str>> {
 }
 
 /// Whether a `RETURNING` item reads nothing but the row's columns: names,
-/// `CAST(… AS type)`, no other function and no `CURRENT_TIME…`.
+/// `CAST(… AS type)` and `-`, no other function and no `CURRENT_TIME…`
+/// (a comment never gets here, [`body_is_plain`]).
 fn reads_the_row_only(item: &str) -> bool {
     !item.is_empty()
         && item
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ' ' | '(' | ')'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ' ' | '(' | ')' | '-'))
         && item.split('(').rev().skip(1).all(|before| {
             let name = before.rsplit([' ', '(']).next().unwrap_or_default();
             name.eq_ignore_ascii_case("CAST")
@@ -1199,7 +1277,17 @@ mod tests {
             "SELECT resource, prev_owner, fencing_token, acquired_at, prev_expires_at, \
              label, ttl_ms, expires_at FROM locks WHERE resource = $1"
         );
-        for s in [&l.acquire, &l.renew, &l.get_any, &l.get_live] {
+        let (upsert, select) = split_returning(&l.acquire.sql).unwrap();
+        assert!(
+            upsert.ends_with("OR locks.owner = excluded.owner"),
+            "{upsert}"
+        );
+        assert_eq!(
+            select,
+            "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
+             expires_at - ttl_ms, prev_owner, prev_expires_at FROM locks WHERE resource = $1"
+        );
+        for s in [&l.renew, &l.get_any, &l.get_live] {
             assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
         }
         assert_eq!(split_returning(&l.sweep_delete), None);
@@ -1209,9 +1297,14 @@ mod tests {
             &v.claim_existing_fenced,
             &v.commit,
             &v.bump_and_hold,
+            &v.created,
         ] {
             let (update, select) = split_returning(&s.sql).unwrap_or_else(|| panic!("{}", s.sql));
-            assert!(update.starts_with("UPDATE versions SET "), "{update}");
+            assert!(
+                update.starts_with("UPDATE versions SET ")
+                    || update.starts_with("INSERT INTO versions ("),
+                "{update}"
+            );
             assert!(!update.contains("RETURNING"), "{update}");
             assert!(select.starts_with("SELECT version"), "{select}");
             assert!(
@@ -1226,7 +1319,6 @@ mod tests {
             &v.claim_new_fenced,
             &v.abort_inserted,
             &v.abort,
-            &v.created,
         ] {
             assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
         }
@@ -1256,6 +1348,29 @@ mod tests {
             "UPDATE locks SET owner = NULL WHERE key = $1 RETURNING fencing_token",
             "UPDATE locksmith SET owner = NULL WHERE resource = $1 RETURNING owner",
             "UPDATE lock_token_floor SET token = token WHERE id = 1 RETURNING token",
+            // An upsert that could write another row, or read the clock again.
+            "INSERT INTO locks (owner, resource) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET owner = $1 RETURNING owner",
+            "INSERT INTO locks (resource, owner) VALUES ($2, $1) \
+             ON CONFLICT (resource) DO UPDATE SET owner = $1 RETURNING owner",
+            "INSERT INTO locks (resource, owner) VALUES ($1, $2) \
+             ON CONFLICT (owner) DO UPDATE SET owner = $2 RETURNING owner",
+            "INSERT INTO locks (resource, owner) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET resource = $3 RETURNING owner",
+            "INSERT INTO locks (resource, owner) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO NOTHING RETURNING owner",
+            "INSERT INTO locks (resource, owner) VALUES ($1, $2), ($3, $2) \
+             ON CONFLICT (resource) DO UPDATE SET owner = $2 RETURNING owner",
+            "INSERT INTO locks (resource, owner) SELECT $1, $2 \
+             ON CONFLICT (resource) DO UPDATE SET owner = $2 RETURNING owner",
+            "INSERT INTO locks (resource, owner) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET owner = $2 RETURNING owner -- x",
+            "INSERT INTO locks (resource, owner) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET owner = $2 RETURNING random()",
+            &format!(
+                "INSERT INTO locks (resource, expires_at) VALUES ($1, {now}) \
+                 ON CONFLICT (resource) DO UPDATE SET expires_at = {now} RETURNING {now}"
+            ),
             // The clock read again: not stored by the SET, or stored altered.
             &format!("UPDATE locks SET owner = NULL WHERE resource = $1 RETURNING {now}"),
             &format!(
@@ -1331,6 +1446,7 @@ mod tests {
             ),
             (&v.commit, vec![text("k"), text("a")]),
             (&v.bump_and_hold, vec![text("k"), text("a")]),
+            (&v.created, vec![text("k")]),
         ]
         .into_iter()
         .map(|(s, args)| (&s.sql, args))
@@ -1396,12 +1512,13 @@ mod tests {
         .concat()
     }
 
-    /// The lock release run whole and split, each on its own copy of one
-    /// starting state: the same row comes back and the same row is left,
-    /// but for the clock's reading, which the two runs take at different
-    /// times; in each run the reading returned is the expiry stored.
+    /// The lock statements run whole and split, each on its own copy of
+    /// one starting state: the same rows come back and the same row is
+    /// left, but for readings of the clock, which the two runs take at
+    /// different times (masked); in each run a release returns, as the
+    /// clock's reading, the expiry it stored.
     #[test]
-    fn a_split_lock_release_returns_and_leaves_what_the_whole_one_does() {
+    fn a_split_lock_statement_returns_and_leaves_what_the_whole_one_does() {
         let schema = schema();
         let states = [
             None,
@@ -1410,11 +1527,35 @@ mod tests {
             Some("('o', 4, 10, 1, NULL, NULL, NULL, 900)"),
             Some("('q', 4, 10, 99999999999999, NULL, NULL, NULL, 900)"),
         ];
-        let release = lock_sql().release.sql;
+        let l = lock_sql();
         let text = |s: &str| Arg::Text(s.to_owned());
-        let mut released = 0;
+        let acquire = |resource: &str, owner: &str, label: &str| {
+            let args = vec![text(resource), text(owner), Arg::Int(5000), text(label)];
+            (&l.acquire.sql, args)
+        };
+        let cases = [
+            (&l.release.sql, vec![text("r"), text("o")]),
+            (&l.release.sql, vec![text("x"), text("o")]),
+            acquire("r", "o", ""),
+            acquire("r", "o", "job 9"),
+            acquire("r", "q", ""),
+            acquire("x", "o", ""),
+        ];
+        // A reading of the clock (milliseconds since 1970, within this
+        // century), not one of the fixtures' values.
+        let mask = |rows: &mut Vec<Values>| {
+            for row in rows {
+                for value in row.columns_mut() {
+                    if matches!(value, Value::Int(ms) if (1_000_000_000_000..4_000_000_000_000).contains(ms))
+                    {
+                        *value = Value::Text("clock".into());
+                    }
+                }
+            }
+        };
+        let (mut released, mut acquired) = (0, 0);
         for row in states {
-            for args in [vec![text("r"), text("o")], vec![text("x"), text("o")]] {
+            for (sql, args) in &cases {
                 let mut outcome = Vec::new();
                 for split in [false, true] {
                     let db = rusqlite::Connection::open_in_memory().unwrap();
@@ -1428,40 +1569,45 @@ mod tests {
                         ))
                         .unwrap();
                     }
-                    let mut runnable = match split_returning(&release) {
+                    let mut runnable = match split_returning(sql) {
                         Some((update, select)) if split => Runnable::Split {
                             update: db.prepare(&update).unwrap(),
                             select: db.prepare(&select).unwrap(),
                         },
-                        _ => Runnable::Whole(db.prepare(&release).unwrap()),
+                        _ => Runnable::Whole(db.prepare(sql).unwrap()),
                     };
-                    let mut returned = run(&mut runnable, &release, &args).unwrap();
+                    let mut returned = run(&mut runnable, sql, args).unwrap();
                     drop(runnable);
                     let mut left = db
                         .prepare(
-                            "SELECT resource, owner, fencing_token, acquired_at, \
-                             CASE WHEN expires_at IN (1, 99999999999999) THEN expires_at END, \
-                             prev_owner, prev_expires_at, label, ttl_ms, expires_at FROM locks",
+                            "SELECT resource, owner, fencing_token, acquired_at, expires_at, \
+                             prev_owner, prev_expires_at, label, ttl_ms FROM locks ORDER BY resource",
                         )
                         .unwrap();
                     let mut left = rows(&mut left, "left").unwrap();
-                    let stored = left
-                        .iter_mut()
-                        .map(|row| row.columns_mut().pop())
-                        .collect::<Vec<_>>();
-                    if let Some(now) = returned.first_mut().and_then(|row| row.columns_mut().pop())
-                    {
-                        assert_eq!(stored, vec![Some(now)], "split: {split}, {row:?}");
-                        released += 1;
+                    if let Some(back) = returned.first() {
+                        if **sql == l.release.sql {
+                            let stored = left
+                                .iter()
+                                .find(|r| r.get::<String>(0).ok().as_deref() == Some("r"));
+                            let expiry = stored.map(|r| r.get::<i64>(4).unwrap());
+                            assert_eq!(Some(back.get::<i64>(7).unwrap()), expiry, "{row:?}");
+                            released += 1;
+                        } else {
+                            acquired += 1;
+                        }
                     }
+                    mask(&mut returned);
+                    mask(&mut left);
                     outcome.push((returned, left));
                 }
-                assert_eq!(outcome[0], outcome[1], "{args:?} on {row:?}");
+                assert_eq!(outcome[0], outcome[1], "{sql} with {args:?} on {row:?}");
             }
         }
         assert_eq!(
             released, 2,
             "only the live lock of 'o' is released, both ways"
         );
+        assert!(acquired >= 20, "only {acquired} acquires returned a row");
     }
 }

@@ -27,6 +27,11 @@ impl LockSql {
         // Whether the existing row is the caller's own live lock.
         let own_live = format!("(locks.owner = excluded.owner AND locks.expires_at > {now})");
         Self {
+            // The clock's reading comes back as `expires_at - ttl_ms`: both
+            // branches store `{now} + $3` and `$3`, so that is the very
+            // reading (`now` is stable within a statement on both engines),
+            // and being read from the row, the SQLite group commit can read it
+            // with a SELECT after the upsert (`split_returning`, batch.rs).
             acquire: Stmt::new(
                 "lock_acquire",
                 format!(
@@ -42,7 +47,7 @@ impl LockSql {
                        prev_owner = locks.owner, \
                        prev_expires_at = locks.expires_at \
                      WHERE locks.owner IS NULL OR locks.expires_at <= {now} OR locks.owner = excluded.owner \
-                     RETURNING {COLUMNS}, {now}, prev_owner, prev_expires_at"
+                     RETURNING {COLUMNS}, expires_at - ttl_ms, prev_owner, prev_expires_at"
                 ),
             ),
             get_any: Stmt::new(
