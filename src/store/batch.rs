@@ -1401,7 +1401,6 @@ mod tests {
     /// compared as changed or not, as they read the clock).
     #[test]
     fn a_split_statement_returns_and_leaves_what_the_whole_one_does() {
-        let schema = schema();
         let states = [
             None,
             Some("(3, 1000, NULL, NULL, 0)"),
@@ -1453,48 +1452,30 @@ mod tests {
         .collect();
         let mut split_ran = 0;
         for row in states {
+            let mut setup = "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
+                             VALUES ('r', 'o', 7, 0, 99999999999999); \
+                             INSERT INTO versions (key, version, updated_at) VALUES ('other', 5, 1000);"
+                .to_owned();
+            if let Some(row) = row {
+                setup += &format!(
+                    "INSERT INTO versions \
+                     (key, version, updated_at, lease_id, lease_until, lease_inserted) \
+                     VALUES ('k', {})",
+                    row.trim_matches(['(', ')'])
+                );
+            }
             for (sql, args) in &cases {
-                let mut outcome = Vec::new();
-                for split in [false, true] {
-                    let db = rusqlite::Connection::open_in_memory().unwrap();
-                    db.execute_batch(&schema).unwrap();
-                    db.execute_batch(
-                        "INSERT INTO locks (resource, owner, fencing_token, acquired_at, expires_at) \
-                         VALUES ('r', 'o', 7, 0, 99999999999999); \
-                         INSERT INTO versions (key, version, updated_at) VALUES ('other', 5, 1000);",
-                    )
-                    .unwrap();
-                    if let Some(row) = row {
-                        db.execute_batch(&format!(
-                            "INSERT INTO versions \
-                             (key, version, updated_at, lease_id, lease_until, lease_inserted) \
-                             VALUES ('k', {})",
-                            row.trim_matches(['(', ')'])
-                        ))
-                        .unwrap();
-                    }
-                    let mut runnable = match split_returning(sql) {
-                        Some((update, select)) if split => Runnable::Split {
-                            update: db.prepare(&update).unwrap(),
-                            select: db.prepare(&select).unwrap(),
-                        },
-                        _ => Runnable::Whole(db.prepare(sql).unwrap()),
-                    };
-                    let returned = run(&mut runnable, sql, args).unwrap();
-                    drop(runnable);
-                    let mut left = db
-                        .prepare(
-                            "SELECT key, version, updated_at <> 1000, lease_id, \
-                             lease_until IS NULL, lease_inserted FROM versions ORDER BY key",
-                        )
-                        .unwrap();
-                    let left = rows(&mut left, "left").unwrap();
-                    if split && !returned.is_empty() {
-                        split_ran += 1;
-                    }
-                    outcome.push((returned, left));
+                let [whole, split] = whole_and_split(
+                    &setup,
+                    sql,
+                    args,
+                    "SELECT key, version, updated_at <> 1000, lease_id, \
+                     lease_until IS NULL, lease_inserted FROM versions ORDER BY key",
+                );
+                if !split.0.is_empty() {
+                    split_ran += 1;
                 }
-                assert_eq!(outcome[0], outcome[1], "{sql} with {args:?} on {row:?}");
+                assert_eq!(whole, split, "{sql} with {args:?} on {row:?}");
             }
         }
         assert!(split_ran >= 6, "only {split_ran} split runs changed a row");
@@ -1512,6 +1493,33 @@ mod tests {
         .concat()
     }
 
+    /// Runs `sql` with `args` twice, whole and split, each time on a new
+    /// database of [`schema`] that `setup` filled: for each, the rows it
+    /// returned and those `left` then reads.
+    fn whole_and_split(
+        setup: &str,
+        sql: &str,
+        args: &[Arg],
+        left: &str,
+    ) -> [(Vec<Values>, Vec<Values>); 2] {
+        [false, true].map(|split| {
+            let db = rusqlite::Connection::open_in_memory().unwrap();
+            db.execute_batch(&schema()).unwrap();
+            db.execute_batch(setup).unwrap();
+            let mut runnable = match split_returning(sql) {
+                Some((update, select)) if split => Runnable::Split {
+                    update: db.prepare(&update).unwrap(),
+                    select: db.prepare(&select).unwrap(),
+                },
+                _ => Runnable::Whole(db.prepare(sql).unwrap()),
+            };
+            let returned = run(&mut runnable, sql, args).unwrap();
+            drop(runnable);
+            let left = rows(&mut db.prepare(left).unwrap(), left).unwrap();
+            (returned, left)
+        })
+    }
+
     /// The lock statements run whole and split, each on its own copy of
     /// one starting state: the same rows come back and the same row is
     /// left, but for readings of the clock, which the two runs take at
@@ -1519,7 +1527,6 @@ mod tests {
     /// clock's reading, the expiry it stored.
     #[test]
     fn a_split_lock_statement_returns_and_leaves_what_the_whole_one_does() {
-        let schema = schema();
         let states = [
             None,
             Some("(NULL, 4, 10, 99999999999999, 'p', 20, NULL, 900)"),
@@ -1555,36 +1562,23 @@ mod tests {
         };
         let (mut released, mut acquired) = (0, 0);
         for row in states {
+            let setup = row.map_or(String::new(), |row| {
+                format!(
+                    "INSERT INTO locks (resource, owner, fencing_token, acquired_at, \
+                     expires_at, prev_owner, prev_expires_at, label, ttl_ms) \
+                     VALUES ('r', {})",
+                    row.trim_matches(['(', ')'])
+                )
+            });
             for (sql, args) in &cases {
-                let mut outcome = Vec::new();
-                for split in [false, true] {
-                    let db = rusqlite::Connection::open_in_memory().unwrap();
-                    db.execute_batch(&schema).unwrap();
-                    if let Some(row) = row {
-                        db.execute_batch(&format!(
-                            "INSERT INTO locks (resource, owner, fencing_token, acquired_at, \
-                             expires_at, prev_owner, prev_expires_at, label, ttl_ms) \
-                             VALUES ('r', {})",
-                            row.trim_matches(['(', ')'])
-                        ))
-                        .unwrap();
-                    }
-                    let mut runnable = match split_returning(sql) {
-                        Some((update, select)) if split => Runnable::Split {
-                            update: db.prepare(&update).unwrap(),
-                            select: db.prepare(&select).unwrap(),
-                        },
-                        _ => Runnable::Whole(db.prepare(sql).unwrap()),
-                    };
-                    let mut returned = run(&mut runnable, sql, args).unwrap();
-                    drop(runnable);
-                    let mut left = db
-                        .prepare(
-                            "SELECT resource, owner, fencing_token, acquired_at, expires_at, \
-                             prev_owner, prev_expires_at, label, ttl_ms FROM locks ORDER BY resource",
-                        )
-                        .unwrap();
-                    let mut left = rows(&mut left, "left").unwrap();
+                let mut outcome = whole_and_split(
+                    &setup,
+                    sql,
+                    args,
+                    "SELECT resource, owner, fencing_token, acquired_at, expires_at, \
+                     prev_owner, prev_expires_at, label, ttl_ms FROM locks ORDER BY resource",
+                );
+                for (returned, left) in &mut outcome {
                     if let Some(back) = returned.first() {
                         if **sql == l.release.sql {
                             let stored = left
@@ -1597,11 +1591,11 @@ mod tests {
                             acquired += 1;
                         }
                     }
-                    mask(&mut returned);
-                    mask(&mut left);
-                    outcome.push((returned, left));
+                    mask(returned);
+                    mask(left);
                 }
-                assert_eq!(outcome[0], outcome[1], "{sql} with {args:?} on {row:?}");
+                let [whole, split] = outcome;
+                assert_eq!(whole, split, "{sql} with {args:?} on {row:?}");
             }
         }
         assert_eq!(
