@@ -22,7 +22,7 @@
 #   INSTR_REQUESTS=500 INSTR_OUT=report.md benches/instructions.sh
 #
 # Needs valgrind, nginx, python3 and curl (installed when missing, as for
-# run.sh; BENCH_SKIP_INSTALL=1 skips that), about 4 minutes per binary.
+# run.sh; BENCH_SKIP_INSTALL=1 skips that), about 3 minutes per binary.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
