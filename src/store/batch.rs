@@ -1265,6 +1265,16 @@ mod tests {
     #[test]
     fn only_an_update_returning_of_one_row_is_split() {
         let v = version_sql();
+        let ops =
+            super::super::statements::VersionOpsSql::new(super::super::sqlite::DIALECT.now_ms);
+        for s in [
+            &ops.detail,
+            &ops.prefix_bound,
+            &ops.prefix_bump_upto,
+            &ops.prefix_bump_rest,
+        ] {
+            assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
+        }
         let l = lock_sql();
         let (update, select) = split_returning(&l.release.sql).unwrap();
         let now = super::super::sqlite::DIALECT.now_ms;
@@ -1298,6 +1308,9 @@ mod tests {
             &v.commit,
             &v.bump_and_hold,
             &v.created,
+            &ops.record_new,
+            &ops.record,
+            &ops.drift_bump,
         ] {
             let (update, select) = split_returning(&s.sql).unwrap_or_else(|| panic!("{}", s.sql));
             assert!(
@@ -1403,14 +1416,19 @@ mod tests {
     fn a_split_statement_returns_and_leaves_what_the_whole_one_does() {
         let states = [
             None,
-            Some("(3, 1000, NULL, NULL, 0)"),
-            Some("(3, 1000, 'a', 99999999999999, 0)"),
-            Some("(3, 1000, 'a', 99999999999999, 1)"),
-            Some("(3, 1000, 'a', 1, 0)"),
-            Some("(3, 1000, 'b', 99999999999999, 0)"),
-            Some("(3, 1000, 'b', 1, 0)"),
+            Some("(3, 1000, NULL, NULL, 0, NULL, NULL)"),
+            Some("(3, 1000, NULL, NULL, 0, 'h0', 3)"),
+            Some("(1, 1000, NULL, NULL, 0, 'h0', 1)"),
+            Some("(1, 1000, NULL, NULL, 0, NULL, NULL)"),
+            Some("(3, 1000, 'a', 99999999999999, 0, NULL, NULL)"),
+            Some("(3, 1000, 'a', 99999999999999, 1, NULL, NULL)"),
+            Some("(3, 1000, 'a', 1, 0, 'h0', 3)"),
+            Some("(3, 1000, 'b', 99999999999999, 0, NULL, NULL)"),
+            Some("(3, 1000, 'b', 1, 0, NULL, NULL)"),
         ];
         let v = version_sql();
+        let ops =
+            super::super::statements::VersionOpsSql::new(super::super::sqlite::DIALECT.now_ms);
         let text = |s: &str| Arg::Text(s.to_owned());
         let cases: Vec<(&Arc<str>, Vec<Arg>)> = vec![
             (
@@ -1446,6 +1464,13 @@ mod tests {
             (&v.commit, vec![text("k"), text("a")]),
             (&v.bump_and_hold, vec![text("k"), text("a")]),
             (&v.created, vec![text("k")]),
+            (&ops.record_new, vec![text("k"), text("h1")]),
+            (&ops.record, vec![text("k"), Arg::Int(3), text("h1")]),
+            (&ops.record, vec![text("k"), Arg::Int(4), text("h1")]),
+            (
+                &ops.drift_bump,
+                vec![text("k"), Arg::Int(3), text("h0"), text("h1")],
+            ),
         ]
         .into_iter()
         .map(|(s, args)| (&s.sql, args))
@@ -1458,9 +1483,8 @@ mod tests {
                 .to_owned();
             if let Some(row) = row {
                 setup += &format!(
-                    "INSERT INTO versions \
-                     (key, version, updated_at, lease_id, lease_until, lease_inserted) \
-                     VALUES ('k', {})",
+                    "INSERT INTO versions (key, version, updated_at, lease_id, \
+                     lease_until, lease_inserted, body_hash, hash_version) VALUES ('k', {})",
                     row.trim_matches(['(', ')'])
                 );
             }
@@ -1469,8 +1493,8 @@ mod tests {
                     &setup,
                     sql,
                     args,
-                    "SELECT key, version, updated_at <> 1000, lease_id, \
-                     lease_until IS NULL, lease_inserted FROM versions ORDER BY key",
+                    "SELECT key, version, updated_at <> 1000, lease_id, lease_until IS NULL, \
+                     lease_inserted, body_hash, hash_version FROM versions ORDER BY key",
                 );
                 if !split.0.is_empty() {
                     split_ran += 1;
@@ -1478,7 +1502,7 @@ mod tests {
                 assert_eq!(whole, split, "{sql} with {args:?} on {row:?}");
             }
         }
-        assert!(split_ran >= 6, "only {split_ran} split runs changed a row");
+        assert!(split_ran >= 20, "only {split_ran} split runs changed a row");
     }
 
     /// The SQLite store's tables, as its migrations leave them.
