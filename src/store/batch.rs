@@ -1430,37 +1430,27 @@ mod tests {
         let ops =
             super::super::statements::VersionOpsSql::new(super::super::sqlite::DIALECT.now_ms);
         let text = |s: &str| Arg::Text(s.to_owned());
+        let claim = |expected| {
+            let args = vec![text("k"), text("a"), Arg::Int(5000), Arg::Int(expected)];
+            (&v.claim_existing, args)
+        };
+        // Fenced by the lock on `r`, whose token is 7 (see `setup`).
+        let fenced = |token| {
+            let args = vec![
+                text("k"),
+                text("a"),
+                Arg::Int(5000),
+                Arg::Int(3),
+                text("r"),
+                Arg::Int(token),
+            ];
+            (&v.claim_existing_fenced, args)
+        };
         let cases: Vec<(&Arc<str>, Vec<Arg>)> = vec![
-            (
-                &v.claim_existing,
-                vec![text("k"), text("a"), Arg::Int(5000), Arg::Int(3)],
-            ),
-            (
-                &v.claim_existing,
-                vec![text("k"), text("a"), Arg::Int(5000), Arg::Int(4)],
-            ),
-            (
-                &v.claim_existing_fenced,
-                vec![
-                    text("k"),
-                    text("a"),
-                    Arg::Int(5000),
-                    Arg::Int(3),
-                    text("r"),
-                    Arg::Int(7),
-                ],
-            ),
-            (
-                &v.claim_existing_fenced,
-                vec![
-                    text("k"),
-                    text("a"),
-                    Arg::Int(5000),
-                    Arg::Int(3),
-                    text("r"),
-                    Arg::Int(6),
-                ],
-            ),
+            claim(3),
+            claim(4),
+            fenced(7),
+            fenced(6),
             (&v.commit, vec![text("k"), text("a")]),
             (&v.bump_and_hold, vec![text("k"), text("a")]),
             (&v.created, vec![text("k")]),
