@@ -1297,7 +1297,17 @@ mod tests {
             "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
              expires_at - ttl_ms, prev_owner, prev_expires_at FROM locks WHERE resource = $1"
         );
-        for s in [&l.renew, &l.get_any, &l.get_live] {
+        let (update, select) = split_returning(&l.renew.sql).unwrap();
+        assert!(
+            update.starts_with("UPDATE locks SET expires_at = "),
+            "{update}"
+        );
+        assert_eq!(
+            select,
+            "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
+             expires_at - ttl_ms FROM locks WHERE resource = $1"
+        );
+        for s in [&l.get_any, &l.get_live] {
             assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
         }
         assert_eq!(split_returning(&l.sweep_delete), None);
@@ -1561,6 +1571,9 @@ mod tests {
             acquire("r", "o", "job 9"),
             acquire("r", "q", ""),
             acquire("x", "o", ""),
+            (&l.renew.sql, vec![text("r"), text("o"), Arg::Int(7000)]),
+            (&l.renew.sql, vec![text("r"), text("q"), Arg::Int(7000)]),
+            (&l.renew.sql, vec![text("x"), text("o"), Arg::Int(7000)]),
         ];
         // A reading of the clock (milliseconds since 1970, within this
         // century), not one of the fixtures' values.
@@ -1574,7 +1587,7 @@ mod tests {
                 }
             }
         };
-        let (mut released, mut acquired) = (0, 0);
+        let (mut released, mut acquired, mut renewed) = (0, 0, 0);
         for row in states {
             let setup = row.map_or(String::new(), |row| {
                 format!(
@@ -1601,6 +1614,8 @@ mod tests {
                             let expiry = stored.map(|r| r.get::<i64>(4).unwrap());
                             assert_eq!(Some(back.get::<i64>(7).unwrap()), expiry, "{row:?}");
                             released += 1;
+                        } else if **sql == l.renew.sql {
+                            renewed += 1;
                         } else {
                             acquired += 1;
                         }
@@ -1617,5 +1632,9 @@ mod tests {
             "only the live lock of 'o' is released, both ways"
         );
         assert!(acquired >= 20, "only {acquired} acquires returned a row");
+        assert_eq!(
+            renewed, 4,
+            "only the live locks of 'o' and 'q' are renewed, both ways"
+        );
     }
 }

@@ -74,12 +74,14 @@ impl LockSql {
                      RETURNING resource, prev_owner, fencing_token, acquired_at, prev_expires_at, label, ttl_ms, {now}"
                 ),
             ),
+            // The clock's reading as the acquire returns it, and for the
+            // same reason.
             renew: Stmt::new(
                 "lock_renew",
                 format!(
                     "UPDATE locks SET expires_at = {now} + $3, ttl_ms = $3 \
                      WHERE resource = $1 AND owner = $2 AND expires_at > {now} \
-                     RETURNING {COLUMNS}, {now}"
+                     RETURNING {COLUMNS}, expires_at - ttl_ms"
                 ),
             ),
             // Only rows whose token the floor covers are removed. The conditions stand in the outer WHERE too: under READ
