@@ -1276,37 +1276,32 @@ mod tests {
             assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
         }
         let l = lock_sql();
-        let (update, select) = split_returning(&l.release.sql).unwrap();
         let now = super::super::sqlite::DIALECT.now_ms;
-        assert!(
-            update.ends_with(&format!("AND expires_at > {now}")),
-            "{update}"
-        );
-        assert_eq!(
-            select,
-            "SELECT resource, prev_owner, fencing_token, acquired_at, prev_expires_at, \
-             label, ttl_ms, expires_at FROM locks WHERE resource = $1"
-        );
-        let (upsert, select) = split_returning(&l.acquire.sql).unwrap();
-        assert!(
-            upsert.ends_with("OR locks.owner = excluded.owner"),
-            "{upsert}"
-        );
-        assert_eq!(
-            select,
-            "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
-             expires_at - ttl_ms, prev_owner, prev_expires_at FROM locks WHERE resource = $1"
-        );
-        let (update, select) = split_returning(&l.renew.sql).unwrap();
-        assert!(
-            update.starts_with("UPDATE locks SET expires_at = "),
-            "{update}"
-        );
-        assert_eq!(
-            select,
-            "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
-             expires_at - ttl_ms FROM locks WHERE resource = $1"
-        );
+        // Each runs as its own text up to `RETURNING`, then reads the row back.
+        for (sql, select) in [
+            (
+                &l.release.sql,
+                "SELECT resource, prev_owner, fencing_token, acquired_at, prev_expires_at, \
+                 label, ttl_ms, expires_at FROM locks WHERE resource = $1",
+            ),
+            (
+                &l.acquire.sql,
+                "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
+                 expires_at - ttl_ms, prev_owner, prev_expires_at FROM locks WHERE resource = $1",
+            ),
+            (
+                &l.renew.sql,
+                "SELECT resource, owner, fencing_token, acquired_at, expires_at, label, ttl_ms, \
+                 expires_at - ttl_ms FROM locks WHERE resource = $1",
+            ),
+        ] {
+            let (statement, read_back) = split_returning(sql).unwrap();
+            assert_eq!(
+                sql.split_once(" RETURNING ").map(|(s, _)| s),
+                Some(statement.as_str())
+            );
+            assert_eq!(read_back, select);
+        }
         for s in [&l.get_any, &l.get_live] {
             assert_eq!(split_returning(&s.sql), None, "{}", s.sql);
         }
