@@ -561,6 +561,14 @@ fn body_is_plain(sql: &str) -> bool {
         && !sql.contains("/*")
 }
 
+/// Whether `clause` has `word` as a word of its own (any case, quoted or
+/// not): where the key may be written to, the statement runs whole.
+fn names(clause: &str, word: &str) -> bool {
+    clause
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|w| w.eq_ignore_ascii_case(word))
+}
+
 /// Whether `rest` begins with the keyword `k` (any case).
 fn keyword(rest: &str, k: &str) -> bool {
     rest.get(..k.len())
@@ -600,10 +608,7 @@ fn split_update(sql: &str) -> Option<(String, String)> {
     if !(guard.is_empty() || guard.starts_with(" AND ")) {
         return None;
     }
-    let names_key = set
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .any(|word| word.eq_ignore_ascii_case(key));
-    if names_key {
+    if names(set, key) {
         return None;
     }
     let columns = select_list(set, &body[returning_at + " RETURNING ".len()..])?;
@@ -652,10 +657,7 @@ fn split_upsert(sql: &str) -> Option<(String, String)> {
         return None;
     }
     let update = &sql[conflict_at + conflict.len()..returning_at];
-    let names_key = update
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .any(|word| word.eq_ignore_ascii_case(key));
-    if names_key {
+    if names(update, key) {
         return None;
     }
     // What the update's SET stores is not what the insert stores: no
