@@ -48,6 +48,19 @@ install_pkgs() {
         apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
 }
 
+# require_tools COMMAND...: installs the Debian package named after each
+# missing command (nginx as install_pkgs picks it), then checks them all.
+require_tools() {
+    local tool missing=()
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || missing+=("${tool/#nginx/NGINX}")
+    done
+    ((${#missing[@]} == 0)) || install_pkgs "${missing[@]}"
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || die "$tool is missing"
+    done
+}
+
 # build_lockstep: cargo build --release (unless BENCH_SKIP_BUILD=1), with the
 # lock rows' load generator (benches/lock_load.rs); sets LOCKSTEP and
 # LOCK_LOAD to the binaries.
@@ -148,6 +161,18 @@ nginx_upstream() {
 EOF
 }
 
+# nginx_small_backend PORT: a server on 127.0.0.1:PORT answering every path
+# with the benchmark's small JSON object (31 B).
+nginx_small_backend() {
+    cat <<EOF
+    server {
+        listen 127.0.0.1:$1;
+        default_type application/json;
+        location / { return 200 '{"id":"1","title":"hello"}'; }
+    }
+EOF
+}
+
 # nginx_proxy_server PORT [DIRECTIVE]: a server on 127.0.0.1:PORT proxying
 # everything to "backend" over HTTP/1.1 keep-alive; DIRECTIVE (say an
 # access_log line) goes into the server block.
@@ -218,6 +243,20 @@ url = "http://127.0.0.1:$P_BACKEND"
 
 [database]
 url = "$1"
+EOF
+}
+
+# lockstep_items_conf DATABASE_URL: a whole config, lockstep_conf_head's
+# plus warn-level logs and one versioned route, /items/{id} (the PATCH rows).
+lockstep_items_conf() {
+    lockstep_conf_head "$1"
+    cat <<EOF
+
+[log]
+level = "warn"
+
+[[resources]]
+pattern = "/items/{id}"
 EOF
 }
 

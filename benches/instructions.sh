@@ -36,16 +36,7 @@ N=${INSTR_REQUESTS:-1000}
 OTHER=${1:-}
 [[ -z $OTHER || -x $OTHER ]] || die "not an executable: $OTHER"
 
-if [[ ${BENCH_SKIP_INSTALL:-0} != 1 ]]; then
-    missing=()
-    for tool in valgrind nginx python3 curl; do
-        command -v "$tool" >/dev/null || missing+=("$tool")
-    done
-    install_pkgs "${missing[@]/nginx/NGINX}"
-fi
-for tool in valgrind callgrind_annotate nginx python3 curl; do
-    command -v "$tool" >/dev/null || die "$tool is missing"
-done
+require_tools valgrind callgrind_annotate nginx python3 curl
 if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
     log "cargo build --release --bin lockstep"
     (cd "$ROOT" && cargo build --release --bin lockstep >&2)
@@ -58,13 +49,7 @@ LOCKSTEP=$target_dir/release/lockstep
 make_tmp lockstep-instructions
 read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN < <(free_ports 4)
 
-nginx_conf nginx-backend <<EOF
-    server {
-        listen 127.0.0.1:$P_BACKEND;
-        default_type application/json;
-        location / { return 200 '{"id":"1","title":"hello"}'; }
-    }
-EOF
+nginx_small_backend "$P_BACKEND" | nginx_conf nginx-backend
 {
     nginx_upstream "$P_BACKEND"
     nginx_proxy_server "$P_PROXY"

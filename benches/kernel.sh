@@ -30,51 +30,18 @@ source "$HERE/common.sh"
 SECONDS_RUN=${KERNEL_SECONDS:-5}
 OUT=${KERNEL_OUT:-/dev/stdout}
 
-if [[ ${BENCH_SKIP_INSTALL:-0} != 1 ]]; then
-    missing=()
-    for tool in nginx redis-server wrk strace python3 curl; do
-        command -v "$tool" >/dev/null || missing+=("$tool")
-    done
-    install_pkgs "${missing[@]/nginx/NGINX}"
-fi
-for tool in nginx redis-server wrk strace python3 curl; do
-    command -v "$tool" >/dev/null || die "$tool is missing"
-done
-if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
-    log "cargo build --release --bin lockstep --example lock_load"
-    (cd "$ROOT" && cargo build --release --bin lockstep --example lock_load >&2)
-fi
-target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
-[[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
-LOCKSTEP=$target_dir/release/lockstep
-LOCK_LOAD=$target_dir/release/examples/lock_load
-[[ -x $LOCKSTEP && -x $LOCK_LOAD ]] || die "no release lockstep or lock_load under $target_dir"
+require_tools nginx redis-server wrk strace python3 curl
+build_lockstep
 
 make_tmp lockstep-kernel
 read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN P_REDIS < <(free_ports 5)
 
-nginx_conf nginx-backend <<EOF
-    server {
-        listen 127.0.0.1:$P_BACKEND;
-        default_type application/json;
-        location / { return 200 '{"id":"1","title":"hello"}'; }
-    }
-EOF
+nginx_small_backend "$P_BACKEND" | nginx_conf nginx-backend
 {
     nginx_upstream "$P_BACKEND"
     nginx_proxy_server "$P_PROXY"
 } | nginx_conf nginx-proxy
-{
-    lockstep_conf_head "sqlite://$TMP/bench.db"
-    cat <<EOF
-
-[log]
-level = "warn"
-
-[[resources]]
-pattern = "/items/{id}"
-EOF
-} >"$TMP/lockstep.toml"
+lockstep_items_conf "sqlite://$TMP/bench.db" >"$TMP/lockstep.toml"
 
 start nginx-backend nginx -e "$TMP/nginx-backend/error.log" -p "$TMP/nginx-backend" -c "$TMP/nginx-backend/nginx.conf"
 wait_http nginx-backend "$LAST_PID" "http://127.0.0.1:$P_BACKEND/"

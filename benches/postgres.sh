@@ -165,17 +165,7 @@ log "starting nginx backend on :$P_BACKEND"
 start nginx-backend nginx -e "$TMP/nginx-backend/error.log" -p "$TMP/nginx-backend" -c "$TMP/nginx-backend/nginx.conf"
 wait_http nginx-backend "$LAST_PID" "http://127.0.0.1:$P_BACKEND/"
 
-{
-    lockstep_conf_head "postgres://postgres@127.0.0.1:$P_PG/bench"
-    cat <<EOF
-
-[log]
-level = "warn"
-
-[[resources]]
-pattern = "/items/{id}"
-EOF
-} >"$TMP/lockstep.toml"
+lockstep_items_conf "postgres://postgres@127.0.0.1:$P_PG/bench" >"$TMP/lockstep.toml"
 
 log "starting lockstep on :$P_LOCKSTEP (admin :$P_ADMIN), database postgres://…:$P_PG/bench"
 start_lockstep
