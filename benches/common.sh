@@ -373,15 +373,39 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/
 verdict() { awk -v r="$1" -v t="$2" 'BEGIN {if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "meets"; else print "**below**"}'; }
 
 CLK_TCK=$(getconf CLK_TCK)
-# group_ticks PGID: CPU time (user + system, clock ticks) used so far by the
-# processes of a process group; every server runs as its own group.
-group_ticks() {
-    local pid t sum=0
+# group_user_sys PGID: "USER SYSTEM", the CPU time (clock ticks) used so far
+# by the processes of a process group; every server runs as its own group.
+group_user_sys() {
+    local pid t u=0 s=0
     for pid in $(pgrep -g "$1"); do
-        t=$(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$pid/stat" 2>/dev/null) || continue
-        sum=$((sum + ${t:-0}))
+        t=$(awk '{sub(/^.*\) /, ""); print $12, $13}' "/proc/$pid/stat" 2>/dev/null) || continue
+        [[ -n $t ]] || continue
+        u=$((u + ${t% *}))
+        s=$((s + ${t#* }))
     done
-    echo "$sum"
+    echo "$u $s"
+}
+
+# group_ticks PGID: the same, user + system in one number.
+group_ticks() {
+    local t
+    t=$(group_user_sys "$1")
+    echo $((${t% *} + ${t#* }))
+}
+
+# wait_redis NAME PID PORT: waits (up to 30 s) for the Redis server NAME,
+# started as PID, to answer PING on PORT.
+wait_redis() {
+    local name=$1 pid=$2 port=$3
+    for _ in $(seq 1 300); do
+        [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true) == PONG ]] && return 0
+        kill -0 "$pid" 2>/dev/null || {
+            tail -20 "$TMP/$name.log" >&2 || true
+            die "$name exited during start-up"
+        }
+        sleep 0.1
+    done
+    die "$name not ready on port $port after 30 s"
 }
 
 # child_us FILE: the CPU time (user + system, µs) of a subshell's children,

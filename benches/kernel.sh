@@ -52,21 +52,7 @@ mkdir -p "$TMP/redis"
 start redis redis-server --bind 127.0.0.1 --port "$P_REDIS" --dir "$TMP/redis" \
     --save "" --appendonly no --daemonize no --protected-mode yes
 REDIS_GROUP=$LAST_PID
-for _ in $(seq 1 100); do
-    [[ $(redis-cli -h 127.0.0.1 -p "$P_REDIS" ping 2>/dev/null || true) == PONG ]] && break
-    sleep 0.1
-done
-
-# user_sys PGID: "USER SYS" clock ticks used so far by a process group.
-user_sys() {
-    local pid u=0 s=0 t
-    for pid in $(pgrep -g "$1"); do
-        t=$(awk '{sub(/^.*\) /, ""); print $12, $13}' "/proc/$pid/stat" 2>/dev/null) || continue
-        u=$((u + ${t% *}))
-        s=$((s + ${t#* }))
-    done
-    echo "$u $s"
-}
+wait_redis redis "$REDIS_GROUP" "$P_REDIS"
 
 # load KIND SECONDS: one run of KIND's load; prints the requests it completed
 # (pairs for the lock loads).
@@ -109,9 +95,9 @@ measure() {
     local kind=$1 group=$2 label=$3 before after n traced pids=()
     log "$kind: warm-up, ${SECONDS_RUN}s untraced, 3s under strace"
     load "$kind" 2 >/dev/null
-    before=$(user_sys "$group")
+    before=$(group_user_sys "$group")
     n=$(load "$kind" "$SECONDS_RUN")
-    after=$(user_sys "$group")
+    after=$(group_user_sys "$group")
     local times
     times=$(awk -v a="$before" -v b="$after" -v n="$n" -v hz="$CLK_TCK" -v s="$SECONDS_RUN" 'BEGIN {
         split(a, x, " "); split(b, y, " ");

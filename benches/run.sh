@@ -99,19 +99,6 @@ build_lockstep
 
 make_tmp lockstep-bench
 
-wait_redis() {
-    local name=$1 pid=$2 port=$3
-    for _ in $(seq 1 300); do
-        [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true) == PONG ]] && return 0
-        kill -0 "$pid" 2>/dev/null || {
-            tail -20 "$TMP/$name.log" >&2 || true
-            die "$name exited during start-up"
-        }
-        sleep 0.1
-    done
-    die "$name not ready on port $port after 30 s"
-}
-
 read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN P_REDIS P_REDIS_FSYNC < <(free_ports 6)
 
 # --------------------------------------------------------------- servers ----
