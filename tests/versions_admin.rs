@@ -21,6 +21,7 @@ db_tests!(
     a_bump_that_cannot_wait_long_enough_is_503_write_in_progress,
     a_lease_that_runs_out_moves_the_update_time_with_the_version,
     a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else,
+    a_prefix_bump_leaves_a_key_at_the_largest_version_alone,
     bad_keys_and_bodies_are_400_and_change_nothing,
     keys_no_request_can_have_are_400_and_change_nothing,
     tokens_are_required_when_configured,
@@ -322,6 +323,40 @@ async fn a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else(kind: DbK
         .send()
         .await;
     assert_eq!(r.json()["bumped"], 0);
+}
+
+/// One past the largest version is no integer: a key a hand edit left
+/// there is skipped, and every other key under the prefix is bumped.
+async fn a_prefix_bump_leaves_a_key_at_the_largest_version_alone(kind: DbKind) {
+    let db = Db::fresh(kind).await;
+    let backend = Backend::start();
+    let mut ls = start(&db, &backend);
+    let c = Client::new();
+    for i in 1..=3 {
+        assert_eq!(put(&c, &ls, &format!("/articles/{i}"), 1).await, 2);
+    }
+    ls.terminate();
+    ls.wait_exit(Duration::from_secs(10)).await;
+    db.edit("UPDATE versions SET version = 9223372036854775807 WHERE key = 'articles/2'")
+        .await;
+    let ls = start(&db, &backend);
+    let r = c
+        .post(
+            ls.admin_url_for("/versions/bump"),
+            json!({"prefix": "articles/"}),
+        )
+        .send()
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json(), json!({"prefix": "articles/", "bumped": 2}));
+    for (i, version) in [(1, json!(3)), (2, json!(i64::MAX)), (3, json!(3))] {
+        let r = c
+            .get(ls.admin_url_for(&format!("/versions/articles/{i}")))
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "articles/{i}: {r:?}");
+        assert_eq!(r.json()["version"], version, "articles/{i}");
+    }
 }
 
 async fn bad_keys_and_bodies_are_400_and_change_nothing(kind: DbKind) {

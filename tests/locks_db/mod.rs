@@ -82,34 +82,68 @@ impl Db {
     /// stored.
     pub async fn lock_rows(&self) -> i64 {
         let sql = "SELECT COUNT(*) FROM locks";
+        match self.pool(true).await {
+            Pool::Sqlite(pool) => {
+                let n = sqlx::query_scalar(sql).fetch_one(&pool).await;
+                pool.close().await;
+                n.expect("count lock rows")
+            }
+            Pool::Postgres(pool) => {
+                let n = sqlx::query_scalar(sql).fetch_one(&pool).await;
+                pool.close().await;
+                n.expect("count lock rows")
+            }
+        }
+    }
+
+    /// Runs `sql` on the database, as an operator's hand edit would (with
+    /// no lockstep running): for rows that no request can make.
+    pub async fn edit(&self, sql: &str) {
+        let done = match self.pool(false).await {
+            Pool::Sqlite(pool) => {
+                let done = sqlx::query(sql)
+                    .execute(&pool)
+                    .await
+                    .map(|r| r.rows_affected());
+                pool.close().await;
+                done
+            }
+            Pool::Postgres(pool) => {
+                let done = sqlx::query(sql)
+                    .execute(&pool)
+                    .await
+                    .map(|r| r.rows_affected());
+                pool.close().await;
+                done
+            }
+        };
+        assert_eq!(done.expect(sql), 1, "{sql} changed one row");
+    }
+
+    async fn pool(&self, read_only: bool) -> Pool {
         match self.kind {
             DbKind::Sqlite => {
                 let options = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)
                     .expect("sqlite url")
-                    .read_only(true);
-                let pool = sqlx::SqlitePool::connect_with(options)
-                    .await
-                    .expect("open the SQLite file");
-                let n: i64 = sqlx::query_scalar(sql)
-                    .fetch_one(&pool)
-                    .await
-                    .expect("count lock rows");
-                pool.close().await;
-                n
+                    .read_only(read_only);
+                Pool::Sqlite(
+                    sqlx::SqlitePool::connect_with(options)
+                        .await
+                        .expect("open the SQLite file"),
+                )
             }
-            DbKind::Postgres => {
-                let pool = sqlx::PgPool::connect(&self.url)
+            DbKind::Postgres => Pool::Postgres(
+                sqlx::PgPool::connect(&self.url)
                     .await
-                    .expect("connect to the test database");
-                let n: i64 = sqlx::query_scalar(sql)
-                    .fetch_one(&pool)
-                    .await
-                    .expect("count lock rows");
-                pool.close().await;
-                n
-            }
+                    .expect("connect to the test database"),
+            ),
         }
     }
+}
+
+enum Pool {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
 }
 
 /// The PostgreSQL server URL; `None` (said loudly) only when skipping was

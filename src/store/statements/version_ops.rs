@@ -19,6 +19,7 @@ impl VersionOpsSql {
         // both engines (SQLite's LIKE ignores ASCII case, PostgreSQL's
         // collations need not order a prefix's keys together).
         let under = "substr(key, 1, CAST($2 AS INTEGER)) = $1";
+        let below_max = format!("version < {}", i64::MAX);
         Self {
             // A lease that ran out uncommitted counts as a bump made when it
             // ran out (the next claim or read stores it): that moment is
@@ -91,18 +92,21 @@ impl VersionOpsSql {
             // An operator's bump: one write of unknown outcome per key. The
             // lease is left alone: a write in flight commits one past this,
             // an expired lease still counts once more for its lost write.
+            // A key already at the largest version (only a hand-edited row
+            // gets there) is left as it is: one past it is no integer
+            // (SQLite would store a REAL, PostgreSQL fail the whole batch).
             prefix_bump_upto: Stmt::new(
                 "version_prefix_bump",
                 format!(
                     "UPDATE versions SET version = version + 1, updated_at = {now} \
-                     WHERE {under} AND key > $3 AND key <= $4 RETURNING key"
+                     WHERE {under} AND key > $3 AND key <= $4 AND {below_max} RETURNING key"
                 ),
             ),
             prefix_bump_rest: Stmt::new(
                 "version_prefix_bump",
                 format!(
                     "UPDATE versions SET version = version + 1, updated_at = {now} \
-                     WHERE {under} AND key > $3 RETURNING key"
+                     WHERE {under} AND key > $3 AND {below_max} RETURNING key"
                 ),
             ),
         }
