@@ -316,12 +316,22 @@ const SEPARATORS: &[&str] = &[
     "/.;/",
     ";y/",
     "%3By/",
+    // A `..` right after an empty segment: RFC 3986 and WHATWG URL parsers
+    // remove the empty segment, a server merging slashes first the one
+    // before it.
+    "//../",
+    "/x//../../",
+    "///../../",
+    "//%2e%2e/",
+    "//.%2E/",
+    "\\\\..\\",
 ];
 const IDS: &[&str] = &[
     "42", "42;v=1", "42;", "%342", "4%32", "42%3Bx", "42%3b", "42%2F",
 ];
 const SUFFIXES: &[&str] = &[
     "", "/", "//", ".", "/.", "/./", "/x/..", ";z", ";", "%2F", "\\", "%5C", "/%2e", "/..;/42",
+    "//..", "//%2e%2e",
 ];
 
 fn path(parts: [&str; 5]) -> String {
@@ -685,6 +695,7 @@ fn corpus_is_systematic_and_bounded() {
     // well under a minute per backend.
     for needle in [
         "ARTICLES", ";", "%2F", "%2f", "%2E", "%2e", "%3B", "%5C", "\\", "/../", "//", "/.",
+        "//../",
     ] {
         assert!(
             corpus.iter().any(|p| p.target.contains(needle)),

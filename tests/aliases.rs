@@ -9,8 +9,11 @@
 mod common;
 mod versioned_support;
 
+use bytes::Bytes;
 use common::{raw_http1, raw_status, Backend, Client, Lockstep};
-use http::Method;
+use http::{Method, Request, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use versioned_support::{assert_conflict, assert_problem, seed};
 
@@ -79,6 +82,12 @@ async fn stale_writes_through_aliases_are_refused_or_get_409_and_never_reach_the
         ("PATCH", "/../articles/42", vec![], ambiguous),
         ("PATCH", "/%2e%2e/articles/42", vec![], ambiguous),
         ("PATCH", "/articles%5C42", vec![], ambiguous),
+        // ...and keeps an empty segment until it resolves '..', which then
+        // removes the empty segment: `/articles//../42` is `/articles/42`.
+        ("PUT", "/articles//../42", vec![], ambiguous),
+        ("PATCH", "/articles/x//../../42", vec![], ambiguous),
+        ("DELETE", "/articles//%2e%2e/42", vec![], ambiguous),
+        ("PUT", "/articles/42//..", vec![], ambiguous),
         // Method overrides are checked as the write they name.
         (
             "POST",
@@ -258,6 +267,96 @@ async fn a_raw_backslash_alias_never_reaches_the_item() {
         Some(json!({"title": "original"}))
     );
     assert!(backend.log().await.is_empty());
+}
+
+/// RFC 3986 §5.2.4 and the WHATWG URL parser (`new URL()`, behind Node
+/// routers) keep an empty segment until they resolve `..`, so the `..`
+/// removes it: `/articles//../42` is `/articles/42` to them, `/42` to a
+/// server that merges slashes first. A stale write spelt so is refused,
+/// however it comes: origin or absolute form, HTTP/1.1 or h2c, a rewrite
+/// header, a WebSocket handshake.
+#[tokio::test]
+async fn a_dot_dot_after_an_empty_segment_never_reaches_the_item() {
+    let backend = Backend::start();
+    seed(&backend, "/articles/42", json!({"title": "original"})).await;
+    let lockstep = Lockstep::in_front_of(&backend);
+    let proxy = lockstep.proxy_addr();
+    let body = r#"{"title": "lost"}"#;
+    let refused = |target: &str, answer: &str| {
+        assert_eq!(raw_status(answer), Some(400), "{target}: {answer}");
+        assert!(
+            answer.contains(r#""type":"ambiguous-path""#),
+            "{target}: {answer}"
+        );
+    };
+
+    let absolute = format!("http://{proxy}/articles//../42");
+    for target in [
+        "/articles//../42",
+        "/articles/x//../../42",
+        "/articles///../../42",
+        "/articles//%2e%2e/42",
+        "/articles//.%2E/42",
+        "/articles/42//..",
+        "/articles\\\\..\\42",
+        "/articles%5C%5C..%5C42",
+        &absolute,
+    ] {
+        let raw = format!(
+            "PUT {target} HTTP/1.1\r\nHost: {proxy}\r\nContent-Type: application/json\r\n\
+             If-Match: \"1\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        refused(target, &raw_http1(proxy, raw).await);
+    }
+
+    // h2c, prior knowledge.
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake with lockstep");
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(format!("http://{proxy}/articles//../42"))
+        .version(Version::HTTP_2)
+        .header("content-type", "application/json")
+        .header("if-match", "\"1\"")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = sender.send_request(req).await.expect("h2 request");
+    assert_eq!(resp.status(), 400);
+    let doc = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&doc).contains(r#""type":"ambiguous-path""#),
+        "{doc:?}"
+    );
+
+    // A rewrite header naming the item so.
+    let client = Client::new();
+    let resp = client
+        .put(lockstep.proxy_url_for("/echo/x"), json!({"title": "lost"}))
+        .header("X-Original-URL", "/articles//../42")
+        .header("X-Rewrite-URL", "/articles//../42")
+        .if_match(1)
+        .send()
+        .await;
+    assert_problem(&resp, 400, "invalid-request");
+
+    // A WebSocket handshake: no tunnel to the item.
+    let raw = format!(
+        "GET /articles//../42 HTTP/1.1\r\nHost: {proxy}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    refused("websocket", &raw_http1(proxy, raw).await);
+
+    assert_eq!(
+        backend.stored("/articles/42").await,
+        Some(json!({"title": "original"}))
+    );
+    assert!(backend.log().await.is_empty(), "{:?}", backend.log().await);
 }
 
 #[tokio::test]
