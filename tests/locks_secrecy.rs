@@ -204,6 +204,10 @@ async fn the_owner_is_in_no_log_line(db: DbKind) {
             field(&line, "owner_fingerprint").is_string(),
             "{event} line without owner_fingerprint: {line}"
         );
+        assert!(
+            field(&line, "label").is_string(),
+            "{event} line without label: {line}"
+        );
     }
     // The refused release and renew say who tried and who holds.
     for (event, operation) in [("release-refused", None), ("conflict", Some("renew"))] {

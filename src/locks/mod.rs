@@ -305,7 +305,8 @@ impl Locks {
                 tracing::info!(
                     target: "lockstep::locks",
                     event = "release-refused",
-                    resource, owner_fingerprint = %fingerprint,
+                    // A release names no label of its own.
+                    resource, owner_fingerprint = %fingerprint, label = "",
                     holder_fingerprint = %owner_fingerprint(&lock.owner),
                     holder_label = lock.label.as_deref().unwrap_or(""),
                     fencing_token = lock.fencing_token,
