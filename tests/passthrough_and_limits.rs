@@ -445,15 +445,18 @@ async fn upstream_connections_are_reused_across_requests_and_clients() {
             .await;
         assert_eq!(resp.status, 200, "{resp:?}");
     }
-    let mut seen = connections_for(&backend, "/echo/pooled").await;
-    seen.extend(connections_for(&backend, "/articles/pooled").await);
-    assert_eq!(seen.len(), 20);
-    seen.dedup();
-    assert_eq!(
-        seen.len(),
-        1,
-        "20 sequential requests used connections {seen:?}"
-    );
+    // A read without a body and a request with one each keep a connection
+    // of their own kind (docs/performance.md, "The backend's connections").
+    for path in ["/echo/pooled", "/articles/pooled"] {
+        let mut seen = connections_for(&backend, path).await;
+        assert_eq!(seen.len(), 10, "{path}");
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            1,
+            "10 sequential requests to {path} used connections {seen:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -491,9 +494,13 @@ async fn a_connection_the_backend_closed_while_idle_is_never_used_again() {
     let client = Client::new();
     for round in 0..3u64 {
         // The backend answers with keep-alive, then drops the connection
-        // as its idle timeout would.
+        // as its idle timeout would. (A request with a body, as a write
+        // has: one without goes on a connection of another kind.)
         let resp = client
-            .get(lockstep.proxy_url_for("/echo/idle"))
+            .post(
+                lockstep.proxy_url_for("/echo/idle"),
+                json!({"round": round}),
+            )
             .header("x-backend-close-after-ms", "20")
             .send()
             .await;
@@ -788,6 +795,12 @@ async fn large_chunked_downloads_stream_with_the_right_length() {
 /// would produce. Requests are read up to the end of their head and a
 /// `Content-Length` body.
 async fn raw_backend(answer: &'static [u8]) -> SocketAddr {
+    raw_backend_closing(answer, false).await
+}
+
+/// [`raw_backend`], closing each connection after its answer when `close`
+/// (for an answer whose body runs to the close).
+async fn raw_backend_closing(answer: &'static [u8], close: bool) -> SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -823,7 +836,7 @@ async fn raw_backend(answer: &'static [u8]) -> SocketAddr {
                         }
                     }
                     buf.drain(..head_end + body_len);
-                    if stream.write_all(answer).await.is_err() {
+                    if stream.write_all(answer).await.is_err() || close {
                         return;
                     }
                 }
@@ -874,6 +887,70 @@ async fn a_response_with_content_length_and_transfer_encoding_arrives_whole() {
             resp.header("content-length").as_deref(),
             Some("5"),
             "{what}: the stale length reached the client: {resp:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn reads_get_the_whole_body_however_the_backend_frames_it() {
+    // Reads (safe, no body) are exchanged by lockstep's own HTTP/1.1 code
+    // (docs/performance.md, "The backend's connections"): each framing of
+    // RFC 9112 §6.3, twice, so that a kept connection is used again.
+    static HTTP_10: &[u8] = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nto the close, 1.0";
+    static HINTS_THEN_CHUNKS: &[u8] = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n\
+        HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n\
+        5;ext=1\r\nhello\r\n7\r\n, chunk\r\n0\r\nX-Sum: 12\r\n\r\n";
+    static GZIP_CODED_TO_THE_CLOSE: &[u8] =
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity-ish\r\nConnection: close\r\n\r\nraw bytes";
+    for (answer, close, body) in [
+        (HTTP_10, true, "to the close, 1.0"),
+        (HINTS_THEN_CHUNKS, false, "hello, chunk"),
+        (GZIP_CODED_TO_THE_CLOSE, true, "raw bytes"),
+    ] {
+        let backend = raw_backend_closing(answer, close).await;
+        let lockstep = Lockstep::builder()
+            .upstream(format!("http://{backend}"))
+            .start();
+        for round in 0..2 {
+            let resp = Client::new()
+                .get(lockstep.proxy_url_for("/plain/x"))
+                .send()
+                .await;
+            assert_eq!(resp.status, 200, "{body} ({round}): {resp:?}");
+            assert_eq!(resp.text(), body, "{resp:?}");
+            assert!(resp.header("link").is_none(), "a 103's fields: {resp:?}");
+        }
+        // lockstep speaks HTTP/1.1 to its client whatever the backend spoke.
+        let raw = half_closed_exchange(
+            lockstep.proxy_addr(),
+            "GET /plain/x HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
+        )
+        .await;
+        assert!(raw.starts_with("HTTP/1.1 200 "), "{raw}");
+    }
+}
+
+#[tokio::test]
+async fn a_read_answered_with_conflicting_lengths_is_a_502() {
+    static ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!";
+    let backend = raw_backend(ANSWER).await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{backend}"))
+        .start();
+    for path in ["/plain/x", "/articles/1"] {
+        let resp = Client::new().get(lockstep.proxy_url_for(path)).send().await;
+        assert_eq!(resp.status, 502, "{path}: {resp:?}");
+        let problem = resp.json();
+        assert!(
+            problem["type"].as_str().unwrap().ends_with("bad-gateway"),
+            "{path}: {resp:?}"
+        );
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("Content-Length"),
+            "{resp:?}"
         );
     }
 }

@@ -8,6 +8,7 @@
 //! request was sent means it may have applied it (the outcome is unknown, so
 //! the version must move on).
 
+mod h1;
 pub mod headers;
 pub mod metrics;
 mod pool;

@@ -8,6 +8,16 @@
 //! lock is never contended), and a connection goes back to the pool from
 //! the response body itself, the moment the body has been read to its end.
 //!
+//! Two kinds of connection, each kept in a list of its own: a safe request
+//! without a body (`GET`, `HEAD`, `OPTIONS`, `TRACE`: every read, versioned
+//! or not) is written and its answer read by [`h1`], in the request's own
+//! task; any other request by hyper's client, whose connection task streams
+//! a request body while the answer comes. Why not hyper for all: on a small
+//! read its client was a third of lockstep's instructions (see `h1.rs`).
+//! Why not one list: a hyper connection lives in its own task, which a
+//! read's exchange would have to take over. So a backend sees up to
+//! `pool_max_idle_per_host` idle connections of each kind.
+//!
 //! What it keeps of that client, because the versioning wing depends on it:
 //! a request that a reused connection could not even begin to send (the
 //! backend closed it while it sat idle) is retried on another connection,
@@ -35,7 +45,8 @@
 //!
 //! "Could not begin to be sent" stays hyper's precise notion: the request
 //! was handed back untouched because the connection was already closed
-//! when its turn came. That case is retried for every request; once a byte
+//! when its turn came. That case (a request hyper sends) is retried on the
+//! next connection; once a byte
 //! may have left, a request is repeated only when it is safe and has no
 //! body (`GET`, `HEAD`, `OPTIONS`, `TRACE`: RFC 9110 §9.2.2 lets a client
 //! repeat it when a connection closes under it, as nginx does), once, on a
@@ -72,8 +83,12 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tower_service::Service;
 
-use super::{Connector, ForwardError};
+use super::{h1, Connector, ForwardError};
 use crate::body::{Body, BoxError};
+
+/// A connection's transport (TCP, or TLS over it) as tokio reads it; boxed
+/// once, when connected, so that a body holding one stays small to move.
+type Transport = Box<TokioIo<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>>;
 
 /// The most a pooled upstream connection's read buffer grows to (hyper's
 /// default is about 400 KiB). It must hold a response's head, and 64 KiB
@@ -92,8 +107,11 @@ pub struct Pool {
 }
 
 struct Shared {
-    /// Newest last: the connection used most recently is reused first.
-    idle: Mutex<Vec<Idle>>,
+    /// hyper's connections, for requests with a body. Newest last: the
+    /// connection used most recently is reused first.
+    idle: Mutex<Vec<Idle<Conn>>>,
+    /// Connections for bodiless safe requests ([`h1`]), the same way.
+    lean: Mutex<Vec<Idle<LeanConn>>>,
     max_idle: usize,
     idle_timeout: Duration,
     /// A request that is not safe to repeat reuses only a connection idle
@@ -107,7 +125,7 @@ struct Shared {
     resent: Counter,
 }
 
-/// One connection to the backend.
+/// One connection to the backend, driven by hyper.
 struct Conn {
     sender: SendRequest<Body>,
     /// A second handle on the connection's socket, to look at it right
@@ -118,14 +136,31 @@ struct Conn {
     keep_alive: Option<Duration>,
 }
 
-impl Conn {
+/// One connection to the backend for bodiless safe requests, read and
+/// written by the request itself ([`h1`]).
+struct LeanConn {
+    conn: h1::Conn<Transport>,
+    socket: Option<std::net::TcpStream>,
+    keep_alive: Option<Duration>,
+}
+
+/// What the idle list needs to know of a connection.
+trait Pooled {
+    /// Closed, as far as its driver knows without looking at the socket.
+    fn is_closed(&self) -> bool;
+    /// Free for a request now (not still finishing its last response).
+    fn is_ready(&self) -> bool;
+    fn socket(&self) -> Option<&std::net::TcpStream>;
+    fn keep_alive(&self) -> Option<Duration>;
+
     /// Whether the socket is still open with nothing unread on it. Closed
     /// by the backend (end of stream or reset), or carrying bytes no request
     /// asked for (a `408` before a close, a TLS close alert), it is not fit
-    /// for a request. Called on an idle connection, whose own task may not
-    /// have seen the close yet; never blocks (the socket is non-blocking).
+    /// for a request. Called on an idle connection, whose own task (if it
+    /// has one) may not have seen the close yet; never blocks (the socket is
+    /// non-blocking).
     fn socket_is_clean(&self) -> bool {
-        let Some(socket) = &self.socket else {
+        let Some(socket) = self.socket() else {
             return true;
         };
         let mut byte = [0u8; 1];
@@ -136,17 +171,48 @@ impl Conn {
     }
 }
 
-struct Idle {
-    conn: Conn,
+impl Pooled for Conn {
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+    fn is_ready(&self) -> bool {
+        self.sender.is_ready()
+    }
+    fn socket(&self) -> Option<&std::net::TcpStream> {
+        self.socket.as_ref()
+    }
+    fn keep_alive(&self) -> Option<Duration> {
+        self.keep_alive
+    }
+}
+
+impl Pooled for LeanConn {
+    /// Nothing drives it while it is idle: only its socket can tell.
+    fn is_closed(&self) -> bool {
+        false
+    }
+    fn is_ready(&self) -> bool {
+        true
+    }
+    fn socket(&self) -> Option<&std::net::TcpStream> {
+        self.socket.as_ref()
+    }
+    fn keep_alive(&self) -> Option<Duration> {
+        self.keep_alive
+    }
+}
+
+struct Idle<C> {
+    conn: C,
     since: Instant,
 }
 
-impl Idle {
+impl<C: Pooled> Idle<C> {
     /// Closed by the backend, or idle for `timeout` (or the backend's own
     /// keep-alive timeout less a margin, when shorter) or longer.
     fn is_spent(&self, now: Instant, timeout: Duration) -> bool {
-        let timeout = self.conn.keep_alive.map_or(timeout, |k| k.min(timeout));
-        self.conn.sender.is_closed() || now.duration_since(self.since) >= timeout
+        let timeout = self.conn.keep_alive().map_or(timeout, |k| k.min(timeout));
+        self.conn.is_closed() || now.duration_since(self.since) >= timeout
     }
 }
 
@@ -170,61 +236,8 @@ fn keep_alive_for(value: &HeaderValue) -> Option<Duration> {
 /// this without looking at its socket first (see the module docs).
 const UNCHECKED_REUSE: Duration = Duration::from_millis(100);
 
-/// What it takes to send a safe, bodiless request a second time: its head.
-struct Resend {
-    method: Method,
-    uri: Uri,
-    version: http::Version,
-    headers: http::HeaderMap,
-}
-
-impl Resend {
-    /// The head of `req` when it may be repeated: a safe method and an
-    /// empty body.
-    fn of(req: &Request<Body>) -> Option<Self> {
-        use http_body::Body as _;
-        (is_safe(req.method()) && req.body().is_end_stream()).then(|| Self {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            version: req.version(),
-            headers: req.headers().clone(),
-        })
-    }
-
-    fn request(self) -> Request<Body> {
-        let mut req = Request::new(crate::body::empty());
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
-        *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers;
-        req
-    }
-}
-
-/// Whether a request that went out failed because the backend closed or
-/// reset the connection before a whole response head arrived: what a
-/// connection closed while it sat idle looks like once a request was
-/// written to it (hyper reports an end of stream after part of a head, or
-/// after a `1xx`, the same way; a safe request may be repeated then too).
-fn closed_under_it(e: &hyper::Error) -> bool {
-    if e.is_incomplete_message() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::UnexpectedEof
-            );
-        }
-        source = cause.source();
-    }
-    false
-}
+/// `Keep-Alive`, where a backend says how long it keeps a connection.
+const KEEP_ALIVE: http::header::HeaderName = http::header::HeaderName::from_static("keep-alive");
 
 /// A failure before any byte of the request can have left.
 fn not_sent(e: BoxError) -> ForwardError {
@@ -283,6 +296,7 @@ impl Pool {
             target,
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
+                lean: Mutex::new(Vec::new()),
                 max_idle,
                 idle_timeout,
                 write_reuse,
@@ -307,33 +321,31 @@ impl Pool {
     /// passes the end of the time it may reach the backend in, so that
     /// connecting (and connecting again after a reused connection turned
     /// out closed) can never push it past its write lease.
+    ///
+    /// A safe request without a body is exchanged by [`h1`]; any other by
+    /// hyper's client.
     pub async fn send(
         &self,
-        mut req: Request<Body>,
+        req: Request<Body>,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
+        use http_body::Body as _;
+        if is_safe(req.method()) && req.body().is_end_stream() {
+            return self.send_lean(&req, not_after).await;
+        }
         let max_idle_age = if is_safe(req.method()) {
             Duration::MAX
         } else {
             self.shared.write_reuse
         };
-        let mut resend = Resend::of(&req);
-        let unchecked = if resend.is_some() {
-            UNCHECKED_REUSE
-        } else {
-            Duration::ZERO
-        };
-        // After a repeat: a new connection, not another idle one (a backend
-        // that restarted closed them all), and what is left of the first
-        // attempt's request timeout, so that a repeat never doubles it.
-        let mut fresh = false;
-        let mut deadline: Option<Instant> = None;
+        let mut req = req;
         loop {
-            let idle = if fresh {
-                None
-            } else {
-                self.shared.take_idle(max_idle_age, unchecked)
-            };
+            let idle = take_idle(
+                &self.shared.idle,
+                max_idle_age,
+                Duration::ZERO,
+                self.shared.idle_timeout,
+            );
             let (mut conn, reused) = match idle {
                 Some(conn) => (conn, true),
                 // Boxed: connecting holds a TCP/TLS stream mid-handshake,
@@ -341,27 +353,19 @@ impl Pool {
                 // carry (and copy) though most never connect.
                 None => (Box::pin(self.connect()).await?, false),
             };
-            if not_after.is_some_and(|last| Instant::now() > last) {
-                self.shared.put(conn);
-                return Err(ForwardError::NotSent(
-                    "the backend took longer than upstream.connect_timeout_ms to take the write, \
-                     which was not sent: sent later, it could outlive its write lease"
-                        .into(),
-                ));
+            if let Some(refused) = self.too_late(not_after) {
+                put(&self.shared.idle, conn, self.shared.max_idle);
+                return Err(refused);
             }
-            let sent_at = Instant::now();
-            let wait = deadline.map_or(self.shared.request_timeout, |d| {
-                d.saturating_duration_since(sent_at)
-            });
-            let sent = tokio::time::timeout(wait, conn.sender.try_send_request(req))
-                .await
-                .map_err(|_| ForwardError::Timeout)?;
+            let sent = tokio::time::timeout(
+                self.shared.request_timeout,
+                conn.sender.try_send_request(req),
+            )
+            .await
+            .map_err(|_| ForwardError::Timeout)?;
             match sent {
                 Ok(resp) => {
-                    if let Some(value) = resp
-                        .headers()
-                        .get(http::header::HeaderName::from_static("keep-alive"))
-                    {
+                    if let Some(value) = resp.headers().get(KEEP_ALIVE) {
                         conn.keep_alive = keep_alive_for(value);
                     }
                     let back = GiveBack {
@@ -379,26 +383,95 @@ impl Pool {
                     Some(_) => {
                         return Err(ForwardError::NotSent(crate::error::chain(&e.into_error())))
                     }
-                    None => {
-                        let error = e.into_error();
-                        match resend.take() {
-                            Some(head) if reused && closed_under_it(&error) => {
-                                tracing::debug!(
-                                    error = %crate::error::chain(&error),
-                                    "a reused upstream connection closed under a safe request; \
-                                     sending it again on a new one"
-                                );
-                                self.shared.resent.inc();
-                                req = head.request();
-                                fresh = true;
-                                deadline = Some(sent_at + self.shared.request_timeout);
-                            }
-                            _ => return Err(ForwardError::after_sending(&error)),
-                        }
-                    }
+                    None => return Err(ForwardError::after_sending(&e.into_error())),
                 },
             }
         }
+    }
+
+    /// [`send`](Self::send) for a safe request without a body: its head
+    /// written and the answer's head read by [`h1`], in this task. Sent
+    /// again, once, on a new connection, when a reused one closed or broke
+    /// before a whole answer head came (see the module docs).
+    async fn send_lean(
+        &self,
+        req: &Request<Body>,
+        not_after: Option<Instant>,
+    ) -> Result<Response<PooledBody>, ForwardError> {
+        let head = h1::encode_head(req);
+        let to_head = req.method() == Method::HEAD;
+        // After a repeat: a new connection, not another idle one (a backend
+        // that restarted closed them all), and what is left of the first
+        // attempt's request timeout.
+        let mut repeat: Option<Instant> = None;
+        loop {
+            let idle = if repeat.is_some() {
+                None
+            } else {
+                take_idle(
+                    &self.shared.lean,
+                    Duration::MAX,
+                    UNCHECKED_REUSE,
+                    self.shared.idle_timeout,
+                )
+            };
+            let (mut conn, reused) = match idle {
+                Some(conn) => (conn, true),
+                None => (Box::pin(self.connect_lean()).await?, false),
+            };
+            if let Some(refused) = self.too_late(not_after) {
+                put(&self.shared.lean, conn, self.shared.max_idle);
+                return Err(refused);
+            }
+            let sent_at = Instant::now();
+            let wait = repeat.map_or(self.shared.request_timeout, |d| {
+                d.saturating_duration_since(sent_at)
+            });
+            let exchanged = tokio::time::timeout(
+                wait,
+                h1::exchange(&mut conn.conn, &head, to_head, READ_BUFFER_MAX),
+            )
+            .await
+            .map_err(|_| ForwardError::Timeout)?;
+            match exchanged {
+                Ok(answer) => {
+                    if let Some(value) = answer.headers.get(KEEP_ALIVE) {
+                        conn.keep_alive = keep_alive_for(value);
+                    }
+                    let back = LeanBack {
+                        socket: conn.socket,
+                        keep_alive: conn.keep_alive,
+                        pool: Arc::downgrade(&self.shared),
+                    };
+                    let body = h1::Body::new(conn.conn, &answer, back);
+                    let mut resp = Response::new(PooledBody::lean(body));
+                    *resp.status_mut() = answer.status;
+                    *resp.headers_mut() = answer.headers;
+                    return Ok(resp);
+                }
+                Err(h1::Failure::Closed(message)) if reused && repeat.is_none() => {
+                    tracing::debug!(
+                        error = %message,
+                        "a reused upstream connection closed under a safe request; \
+                         sending it again on a new one"
+                    );
+                    self.shared.resent.inc();
+                    repeat = Some(sent_at + self.shared.request_timeout);
+                }
+                Err(failure) => return Err(ForwardError::Failed(failure.to_string())),
+            }
+        }
+    }
+
+    /// The refusal of a request whose connection came after `not_after`.
+    fn too_late(&self, not_after: Option<Instant>) -> Option<ForwardError> {
+        not_after.filter(|last| Instant::now() > *last).map(|_| {
+            ForwardError::NotSent(
+                "the backend took longer than upstream.connect_timeout_ms to take the write, \
+                 which was not sent: sent later, it could outlive its write lease"
+                    .into(),
+            )
+        })
     }
 
     /// Sends `req` on a connection of its own that is never given back to
@@ -460,62 +533,81 @@ impl Pool {
             keep_alive: None,
         })
     }
+
+    async fn connect_lean(&self) -> Result<LeanConn, ForwardError> {
+        let io = self.open().await?;
+        let socket = duplicate_socket(&io);
+        self.shared.start_reaper();
+        Ok(LeanConn {
+            conn: h1::Conn::new(Box::new(TokioIo::new(io))),
+            socket,
+            keep_alive: None,
+        })
+    }
+}
+
+/// One idle list, locked. The list stays consistent whatever a panicking
+/// holder did.
+fn lock<C>(list: &Mutex<Vec<Idle<C>>>) -> std::sync::MutexGuard<'_, Vec<Idle<C>>> {
+    list.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The newest idle connection of `list` ready for a request, if it has been
+/// idle for less than `max_age`. Closed and expired ones (idle for
+/// `timeout`), and one whose socket shows a close (looked at unless it has
+/// been idle for less than `unchecked`), are dropped on the way; one still
+/// finishing its last response, or too long idle for this request, is left
+/// for a later one.
+fn take_idle<C: Pooled>(
+    list: &Mutex<Vec<Idle<C>>>,
+    max_age: Duration,
+    unchecked: Duration,
+    timeout: Duration,
+) -> Option<C> {
+    let mut idle = lock(list);
+    let now = Instant::now();
+    let mut i = idle.len();
+    while i > 0 {
+        i -= 1;
+        let entry = &idle[i];
+        if entry.is_spent(now, timeout) {
+            idle.remove(i);
+        } else if now.duration_since(entry.since) >= max_age {
+            // Newest last: every one before it has been idle longer.
+            return None;
+        } else if entry.conn.is_ready() {
+            let recent = now.duration_since(entry.since) < unchecked;
+            let conn = idle.remove(i).conn;
+            if recent || conn.socket_is_clean() {
+                return Some(conn);
+            }
+        }
+    }
+    None
+}
+
+/// Keeps `conn` in `list` (at most `max` of them, the oldest let go).
+fn put<C: Pooled>(list: &Mutex<Vec<Idle<C>>>, conn: C, max: usize) {
+    if conn.is_closed() || max == 0 {
+        return;
+    }
+    let mut idle = lock(list);
+    if idle.len() >= max {
+        idle.remove(0);
+    }
+    idle.push(Idle {
+        conn,
+        since: Instant::now(),
+    });
 }
 
 impl Shared {
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        // The list stays consistent whatever a panicking holder did.
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The newest idle connection ready for a request, if it has been idle
-    /// for less than `max_age`. Closed and expired ones, and one whose
-    /// socket shows a close (looked at unless it has been idle for less
-    /// than `unchecked`), are dropped on the way; one still finishing its
-    /// last response, or too long idle for this request, is left for a
-    /// later one.
-    fn take_idle(&self, max_age: Duration, unchecked: Duration) -> Option<Conn> {
-        let mut idle = self.idle();
-        let now = Instant::now();
-        let mut i = idle.len();
-        while i > 0 {
-            i -= 1;
-            let entry = &idle[i];
-            if entry.is_spent(now, self.idle_timeout) {
-                idle.remove(i);
-            } else if now.duration_since(entry.since) >= max_age {
-                // Newest last: every one before it has been idle longer.
-                return None;
-            } else if entry.conn.sender.is_ready() {
-                let recent = now.duration_since(entry.since) < unchecked;
-                let conn = idle.remove(i).conn;
-                if recent || conn.socket_is_clean() {
-                    return Some(conn);
-                }
-            }
-        }
-        None
-    }
-
-    fn put(&self, conn: Conn) {
-        if conn.sender.is_closed() || self.max_idle == 0 {
-            return;
-        }
-        let mut idle = self.idle();
-        if idle.len() >= self.max_idle {
-            idle.remove(0);
-        }
-        idle.push(Idle {
-            conn,
-            since: Instant::now(),
-        });
-    }
-
     /// Drops closed and expired idle connections; dropping the last sender
-    /// of a connection closes it.
+    /// of a connection (or a lean connection's stream) closes it.
     fn reap(&self) {
         let now = Instant::now();
-        self.idle().retain(|e| !e.is_spent(now, self.idle_timeout));
+        lock(&self.idle).retain(|e| !e.is_spent(now, self.idle_timeout));
+        lock(&self.lean).retain(|e| !e.is_spent(now, self.idle_timeout));
     }
 
     /// Starts, once per pool and on the runtime that opens its first
@@ -548,7 +640,28 @@ struct GiveBack {
 impl GiveBack {
     fn give_back(self) {
         if let Some(pool) = self.pool.upgrade() {
-            pool.put(self.conn);
+            put(&pool.idle, self.conn, pool.max_idle);
+        }
+    }
+}
+
+/// What a lean connection goes back to the pool with, once its answer was
+/// read to the end.
+struct LeanBack {
+    socket: Option<std::net::TcpStream>,
+    keep_alive: Option<Duration>,
+    pool: Weak<Shared>,
+}
+
+impl h1::Recycle<Transport> for LeanBack {
+    fn recycle(self, conn: h1::Conn<Transport>) {
+        if let Some(pool) = self.pool.upgrade() {
+            let conn = LeanConn {
+                conn,
+                socket: self.socket,
+                keep_alive: self.keep_alive,
+            };
+            put(&pool.lean, conn, pool.max_idle);
         }
     }
 }
@@ -570,31 +683,54 @@ const DISCARD_WAIT: Duration = Duration::from_millis(100);
 /// it closes the connection instead: a half-read response cannot be
 /// followed by another on the same connection.
 pub struct PooledBody {
-    inner: Incoming,
-    back: Option<GiveBack>,
+    inner: Inner,
+}
+
+enum Inner {
+    /// From hyper's client: given back once read to the end.
+    Hyper {
+        body: Incoming,
+        back: Option<GiveBack>,
+    },
+    /// From [`h1`], which gives its connection back itself.
+    Lean(h1::Body<Transport, LeanBack>),
 }
 
 impl PooledBody {
-    fn new(inner: Incoming, back: GiveBack) -> Self {
+    fn new(body: Incoming, back: GiveBack) -> Self {
         let mut body = Self {
-            inner,
-            back: Some(back),
+            inner: Inner::Hyper {
+                body,
+                back: Some(back),
+            },
         };
         body.give_back_if_done();
         body
     }
 
-    /// Consumers stop polling once `is_end_stream` is true (hyper's server
-    /// does), so the end is noticed there, not only at a final `None`.
-    fn give_back_if_done(&mut self) {
-        if http_body::Body::is_end_stream(&self.inner) {
-            self.give_back();
+    fn lean(body: h1::Body<Transport, LeanBack>) -> Self {
+        Self {
+            inner: Inner::Lean(body),
         }
     }
 
-    fn give_back(&mut self) {
-        if let Some(back) = self.back.take() {
-            back.give_back();
+    /// Consumers stop polling once `is_end_stream` is true (hyper's server
+    /// does), so the end is noticed there, not only at a final `None`.
+    fn give_back_if_done(&mut self) {
+        if let Inner::Hyper { body, back } = &mut self.inner {
+            if http_body::Body::is_end_stream(body) {
+                if let Some(back) = back.take() {
+                    back.give_back();
+                }
+            }
+        }
+    }
+
+    /// Whether its connection is still to be had back from it.
+    fn holds_connection(&self) -> bool {
+        match &self.inner {
+            Inner::Hyper { back, .. } => back.is_some(),
+            Inner::Lean(body) => !http_body::Body::is_end_stream(body),
         }
     }
 
@@ -602,10 +738,10 @@ impl PooledBody {
     /// the rest of it is short and arrives at once (see [`DISCARD_MAX`]),
     /// closing it otherwise.
     pub async fn discard(mut self) {
-        let short = http_body::Body::size_hint(&self.inner)
+        let short = http_body::Body::size_hint(&self)
             .exact()
             .is_some_and(|n| n <= DISCARD_MAX);
-        if self.back.is_none() || !short {
+        if !self.holds_connection() || !short {
             return;
         }
         let _ = tokio::time::timeout(DISCARD_WAIT, async {
@@ -617,27 +753,42 @@ impl PooledBody {
 
 impl http_body::Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        match &frame {
-            Some(Ok(_)) => self.give_back_if_done(),
-            None => self.give_back(),
-            Some(Err(_)) => self.back = None,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.inner {
+            Inner::Lean(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Inner::Hyper { body, back } => {
+                let frame = std::task::ready!(Pin::new(body).poll_frame(cx));
+                match &frame {
+                    Some(Ok(_)) => self.give_back_if_done(),
+                    None => {
+                        if let Some(back) = back.take() {
+                            back.give_back();
+                        }
+                    }
+                    Some(Err(_)) => *back = None,
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Lean(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Lean(body) => body.size_hint(),
+        }
     }
 }
 
