@@ -467,7 +467,12 @@ async fn with_a_token_file_the_cli_gets_past_the_lock_apis_bearer_check() {
         ))
         .start();
     let client_token = dir.path().join("client-token");
-    std::fs::write(&client_token, "s3cret-token-for-cron\n").unwrap();
+    // The server's token file format: comments and blank lines aside.
+    std::fs::write(
+        &client_token,
+        "# the cron job's token\n\n  s3cret-token-for-cron  \n",
+    )
+    .unwrap();
 
     // Without the token the server refuses, and the command never runs.
     let refused = finish(lock(

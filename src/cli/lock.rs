@@ -552,13 +552,22 @@ impl Bearer {
 fn read_token(path: &Path) -> Result<HeaderValue, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "the token file {} must hold exactly one token",
-            path.display()
-        ));
-    }
+    // The format of `locks.api_tokens_file`, so that a copy of a line of it
+    // (or the file itself, when it holds one token) serves: a token per
+    // line, blank lines and `#` comments ignored. The command sends one.
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'));
+    let token = match (lines.next(), lines.next()) {
+        (Some(token), None) if !token.chars().any(|c| c.is_whitespace() || c.is_control()) => token,
+        _ => {
+            return Err(format!(
+                "the token file {} must hold exactly one token (blank lines and # comments aside)",
+                path.display()
+            ))
+        }
+    };
     let mut value = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
         format!(
             "the token in {} is not a valid header value",
@@ -901,7 +910,10 @@ mod tests {
         let path = dir.path().join("token");
         std::fs::write(&path, "s3cret\n").unwrap();
         assert_eq!(read_token(&path).unwrap(), "Bearer s3cret");
-        for bad in ["", "\n", "two words", "a\nb"] {
+        // As in `locks.api_tokens_file`: comments and blank lines aside.
+        std::fs::write(&path, "# cron\n\n  s3cret \r\n# end\n").unwrap();
+        assert_eq!(read_token(&path).unwrap(), "Bearer s3cret");
+        for bad in ["", "\n", "# only a comment\n", "two words", "a\nb"] {
             std::fs::write(&path, bad).unwrap();
             assert!(read_token(&path).is_err(), "{bad:?}");
         }
