@@ -10,7 +10,7 @@ mod locks_db;
 
 use std::time::Duration;
 
-use common::{Backend, Client, Lockstep};
+use common::{Backend, Client, Lockstep, Resp};
 use locks_db::{with_tokens, Db, DbKind, TOKEN};
 use serde_json::json;
 
@@ -39,6 +39,16 @@ async fn put(c: &Client, ls: &Lockstep, path: &str, version: u64) -> u64 {
         .await;
     assert_eq!(r.status, 200, "{r:?}");
     r.etag_version().unwrap()
+}
+
+/// `POST /versions/bump` of every known key under `prefix`.
+async fn bump_prefix(c: &Client, ls: &Lockstep, prefix: &str) -> Resp {
+    c.post(
+        ls.admin_url_for("/versions/bump"),
+        json!({"prefix": prefix}),
+    )
+    .send()
+    .await
 }
 
 async fn a_key_never_seen_is_at_version_1_without_an_update_time(kind: DbKind) {
@@ -285,13 +295,7 @@ async fn a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else(kind: DbK
         w.await.unwrap();
     }
     assert_eq!(put(&c, &ls, "/counters/1", 1).await, 2);
-    let r = c
-        .post(
-            ls.admin_url_for("/versions/bump"),
-            json!({"prefix": "articles/"}),
-        )
-        .send()
-        .await;
+    let r = bump_prefix(&c, &ls, "articles/").await;
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.json(), json!({"prefix": "articles/", "bumped": KEYS}));
     for i in [0, 1, 255, 256, 257, 499] {
@@ -315,13 +319,7 @@ async fn a_prefix_bump_bumps_every_known_key_under_it_and_nothing_else(kind: DbK
         .await;
     assert_eq!(stale.status, 409, "{stale:?}");
     // A prefix nothing is under.
-    let r = c
-        .post(
-            ls.admin_url_for("/versions/bump"),
-            json!({"prefix": "nothing/"}),
-        )
-        .send()
-        .await;
+    let r = bump_prefix(&c, &ls, "nothing/").await;
     assert_eq!(r.json()["bumped"], 0);
 }
 
@@ -340,13 +338,7 @@ async fn a_prefix_bump_leaves_a_key_at_the_largest_version_alone(kind: DbKind) {
     db.edit("UPDATE versions SET version = 9223372036854775807 WHERE key = 'articles/2'")
         .await;
     let ls = start(&db, &backend);
-    let r = c
-        .post(
-            ls.admin_url_for("/versions/bump"),
-            json!({"prefix": "articles/"}),
-        )
-        .send()
-        .await;
+    let r = bump_prefix(&c, &ls, "articles/").await;
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.json(), json!({"prefix": "articles/", "bumped": 2}));
     for (i, version) in [(1, json!(3)), (2, json!(i64::MAX)), (3, json!(3))] {
@@ -477,10 +469,7 @@ async fn keys_no_request_can_have_are_400_and_change_nothing(kind: DbKind) {
         .json();
     assert_eq!(v["version"], 2, "nothing was bumped");
     // Nothing else was written either: a prefix bump finds one key.
-    let r = c
-        .post(ls.admin_url_for("/versions/bump"), json!({"prefix": ""}))
-        .send()
-        .await;
+    let r = bump_prefix(&c, &ls, "").await;
     assert_eq!(r.json()["bumped"], 1, "{r:?}");
 }
 
@@ -531,12 +520,6 @@ async fn tokens_are_required_when_configured(kind: DbKind) {
         (200, json!(3)),
         "{r:?}"
     );
-    let r = authed
-        .post(
-            ls.admin_url_for("/versions/bump"),
-            json!({"prefix": "articles/"}),
-        )
-        .send()
-        .await;
+    let r = bump_prefix(&authed, &ls, "articles/").await;
     assert_eq!(r.json()["bumped"], 1, "{r:?}");
 }

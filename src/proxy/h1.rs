@@ -210,7 +210,7 @@ fn parse_head(
         // Where each name and value sits in the head, so that the values
         // can share its bytes (one buffer, no copy per header).
         let base = buf.as_ptr() as usize;
-        let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+        let at = |s: &[u8]| ((s.as_ptr() as usize).wrapping_sub(base), s.len());
         let spans: smallvec::SmallVec<[(Span, Span); 16]> = resp
             .headers
             .iter()
@@ -218,11 +218,15 @@ fn parse_head(
             .collect();
         let head = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(spans.len());
-        for ((name_at, name_len), (value_at, value_len)) in spans {
-            let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
-                .map_err(|_| Failure::Invalid("an invalid header name in the answer".into()))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len))
-                .map_err(|_| Failure::Invalid(format!("an invalid {name} value in the answer")))?;
+        for (name_span, value_span) in spans {
+            let name = span(&head, name_span)
+                .and_then(|n| HeaderName::from_bytes(&n).ok())
+                .ok_or_else(|| Failure::Invalid("an invalid header name in the answer".into()))?;
+            let value = span(&head, value_span)
+                .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
+                .ok_or_else(|| {
+                    Failure::Invalid(format!("an invalid {name} value in the answer"))
+                })?;
             headers.append(name, value);
         }
         let framing = framing(&headers, status, to_head)?;
@@ -234,6 +238,14 @@ fn parse_head(
             reusable,
         }));
     }
+}
+
+/// The bytes of `head` at `(offset, length)`, sharing its buffer; `None`
+/// outside it (which httparse, whose slices all lie in the head, never
+/// gives: no panic on a request path, whatever it did).
+fn span(head: &Bytes, (at, len): Span) -> Option<Bytes> {
+    let end = at.checked_add(len)?;
+    (end <= head.len()).then(|| head.slice(at..end))
 }
 
 /// How the answer's body ends (RFC 9112 §6.3).

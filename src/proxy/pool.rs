@@ -340,23 +340,10 @@ impl Pool {
         };
         let mut req = req;
         loop {
-            let idle = take_idle(
-                &self.shared.idle,
-                max_idle_age,
-                Duration::ZERO,
-                self.shared.idle_timeout,
-            );
-            let (mut conn, reused) = match idle {
-                Some(conn) => (conn, true),
-                // Boxed: connecting holds a TCP/TLS stream mid-handshake,
-                // kilobytes that every request's future would otherwise
-                // carry (and copy) though most never connect.
-                None => (Box::pin(self.connect()).await?, false),
-            };
-            if let Some(refused) = self.too_late(not_after) {
-                put(&self.shared.idle, conn, self.shared.max_idle);
-                return Err(refused);
-            }
+            let idle = Some((max_idle_age, Duration::ZERO));
+            let (mut conn, reused) = self
+                .checkout(&self.shared.idle, idle, || self.connect(), not_after)
+                .await?;
             let sent = tokio::time::timeout(
                 self.shared.request_timeout,
                 conn.sender.try_send_request(req),
@@ -405,24 +392,10 @@ impl Pool {
         // attempt's request timeout.
         let mut repeat: Option<Instant> = None;
         loop {
-            let idle = if repeat.is_some() {
-                None
-            } else {
-                take_idle(
-                    &self.shared.lean,
-                    Duration::MAX,
-                    UNCHECKED_REUSE,
-                    self.shared.idle_timeout,
-                )
-            };
-            let (mut conn, reused) = match idle {
-                Some(conn) => (conn, true),
-                None => (Box::pin(self.connect_lean()).await?, false),
-            };
-            if let Some(refused) = self.too_late(not_after) {
-                put(&self.shared.lean, conn, self.shared.max_idle);
-                return Err(refused);
-            }
+            let idle = repeat.is_none().then_some((Duration::MAX, UNCHECKED_REUSE));
+            let (mut conn, reused) = self
+                .checkout(&self.shared.lean, idle, || self.connect_lean(), not_after)
+                .await?;
             let sent_at = Instant::now();
             let wait = repeat.map_or(self.shared.request_timeout, |d| {
                 d.saturating_duration_since(sent_at)
@@ -463,15 +436,43 @@ impl Pool {
         }
     }
 
-    /// The refusal of a request whose connection came after `not_after`.
-    fn too_late(&self, not_after: Option<Instant>) -> Option<ForwardError> {
-        not_after.filter(|last| Instant::now() > *last).map(|_| {
-            ForwardError::NotSent(
+    /// A connection from `list`, idle for less than `idle`'s first
+    /// duration (its socket looked at unless idle for less than the
+    /// second), or, with none there or `idle` `None`, a new one from
+    /// `connect`; and whether it was reused. A connection in hand only after
+    /// `not_after` goes back (or, new, into the list) and the request is not
+    /// sent.
+    async fn checkout<C, F, Fut>(
+        &self,
+        list: &Mutex<Vec<Idle<C>>>,
+        idle: Option<(Duration, Duration)>,
+        connect: F,
+        not_after: Option<Instant>,
+    ) -> Result<(C, bool), ForwardError>
+    where
+        C: Pooled,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<C, ForwardError>>,
+    {
+        let taken = idle.and_then(|(max_age, unchecked)| {
+            take_idle(list, max_age, unchecked, self.shared.idle_timeout)
+        });
+        let (conn, reused) = match taken {
+            Some(conn) => (conn, true),
+            // Boxed: connecting holds a TCP/TLS stream mid-handshake,
+            // kilobytes that every request's future would otherwise carry
+            // (and copy) though most never connect.
+            None => (Box::pin(connect()).await?, false),
+        };
+        if not_after.is_some_and(|last| Instant::now() > last) {
+            put(list, conn, self.shared.max_idle);
+            return Err(ForwardError::NotSent(
                 "the backend took longer than upstream.connect_timeout_ms to take the write, \
                  which was not sent: sent later, it could outlive its write lease"
                     .into(),
-            )
-        })
+            ));
+        }
+        Ok((conn, reused))
     }
 
     /// Sends `req` on a connection of its own that is never given back to
