@@ -43,7 +43,7 @@ const READ_MAX: usize = 64 * 1024;
 
 /// A kept-alive connection and the bytes read from it but not yet used.
 pub struct Conn<T> {
-    pub io: T,
+    io: T,
     buf: BytesMut,
     /// How much room the next read asks for.
     read_size: usize,
@@ -289,16 +289,9 @@ fn framing(headers: &HeaderMap, status: StatusCode, to_head: bool) -> Result<Fra
 /// Whether the answer lets the connection carry another request: HTTP/1.1
 /// unless `Connection: close`, HTTP/1.0 only with `Connection: keep-alive`.
 fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
-    let mut close = false;
-    let mut keep_alive = false;
-    for value in headers.get_all(header::CONNECTION) {
-        for token in value.as_bytes().split(|b| *b == b',') {
-            let token = token.trim_ascii();
-            close |= token.eq_ignore_ascii_case(b"close");
-            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-        }
-    }
-    !close && (version == Version::HTTP_11 || keep_alive)
+    use super::headers::connection_lists;
+    !connection_lists(headers, "close")
+        && (version == Version::HTTP_11 || connection_lists(headers, "keep-alive"))
 }
 
 /// How much of the body is left, and in what form.

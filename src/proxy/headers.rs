@@ -113,13 +113,17 @@ pub fn upgrade_names_websocket(headers: &HeaderMap) -> bool {
 /// (`h2c`, `TLS/1.2`) are not asked for here: lockstep ignores them, as
 /// RFC 9110 §7.8 allows, and the request goes on without its `Upgrade`.
 pub fn asks_websocket(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
+    connection_lists(headers, "upgrade") && upgrade_names_websocket(headers)
+}
+
+/// Whether `Connection` lists `token` (case-insensitive; RFC 9110 §7.6.1).
+pub fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    connection_upgrade && upgrade_names_websocket(headers)
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// Sets `Connection: upgrade` and `Upgrade: websocket` on a message whose

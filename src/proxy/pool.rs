@@ -632,6 +632,13 @@ impl Shared {
     }
 }
 
+/// Gives `back`'s connection back to the pool, once, when `done`.
+fn give_back_if(done: bool, back: &mut Option<GiveBack>) {
+    if let Some(back) = back.take_if(|_| done) {
+        back.give_back();
+    }
+}
+
 /// A connection on its way back to the pool.
 struct GiveBack {
     conn: Conn,
@@ -719,11 +726,7 @@ impl PooledBody {
     /// does), so the end is noticed there, not only at a final `None`.
     fn give_back_if_done(&mut self) {
         if let Inner::Hyper { body, back } = &mut self.inner {
-            if http_body::Body::is_end_stream(body) {
-                if let Some(back) = back.take() {
-                    back.give_back();
-                }
-            }
+            give_back_if(http_body::Body::is_end_stream(body), back);
         }
     }
 
@@ -763,14 +766,11 @@ impl http_body::Body for PooledBody {
         match &mut self.inner {
             Inner::Lean(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             Inner::Hyper { body, back } => {
-                let frame = std::task::ready!(Pin::new(body).poll_frame(cx));
+                let frame = std::task::ready!(Pin::new(&mut *body).poll_frame(cx));
                 match &frame {
-                    Some(Ok(_)) => self.give_back_if_done(),
-                    None => {
-                        if let Some(back) = back.take() {
-                            back.give_back();
-                        }
-                    }
+                    Some(Ok(_)) => give_back_if(body.is_end_stream(), back),
+                    None => give_back_if(true, back),
+                    // Half read: the connection closes with it.
                     Some(Err(_)) => *back = None,
                 }
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
