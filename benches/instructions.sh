@@ -37,14 +37,7 @@ OTHER=${1:-}
 [[ -z $OTHER || -x $OTHER ]] || die "not an executable: $OTHER"
 
 require_tools valgrind callgrind_annotate nginx python3 curl
-if [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
-    log "cargo build --release --bin lockstep"
-    (cd "$ROOT" && cargo build --release --bin lockstep >&2)
-fi
-target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
-[[ $target_dir == /* ]] || target_dir=$ROOT/$target_dir
-LOCKSTEP=$target_dir/release/lockstep
-[[ -x $LOCKSTEP ]] || die "no lockstep binary at $LOCKSTEP"
+build_lockstep
 
 make_tmp lockstep-instructions
 read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN < <(free_ports 4)
