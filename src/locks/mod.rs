@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -98,7 +97,7 @@ impl Locks {
 
     /// Answers `METHOD /locks/{raw_resource}`; `raw_resource` is the path
     /// after `/locks/`, still percent-encoded.
-    pub async fn handle(&self, req: Request<Incoming>, raw_resource: &str) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Body>, raw_resource: &str) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
         let uri = req.uri().clone();
@@ -138,7 +137,7 @@ impl Locks {
 
     async fn acquire(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         resource: &str,
         started: Instant,
     ) -> Result<Response<Body>> {
@@ -234,7 +233,7 @@ impl Locks {
         }
     }
 
-    async fn get(&self, req: &Request<Incoming>, resource: &str) -> Result<Response<Body>> {
+    async fn get(&self, req: &Request<Body>, resource: &str) -> Result<Response<Body>> {
         match self.store.get(resource).await? {
             Some(lock) => {
                 // A wrong or malformed Lock-Owner is no error: the caller
@@ -248,7 +247,7 @@ impl Locks {
         }
     }
 
-    async fn release(&self, req: Request<Incoming>, resource: &str) -> Result<Response<Body>> {
+    async fn release(&self, req: Request<Body>, resource: &str) -> Result<Response<Body>> {
         let owner = req
             .headers()
             .get("lock-owner")
@@ -342,7 +341,7 @@ impl Locks {
         }
     }
 
-    async fn renew(&self, req: Request<Incoming>, resource: &str) -> Result<Response<Body>> {
+    async fn renew(&self, req: Request<Body>, resource: &str) -> Result<Response<Body>> {
         let body = read_body(req).await?;
         let owner = owner_of(&body)?;
         if body.label_given {
@@ -595,7 +594,7 @@ fn check_name(what: &str, name: &str) -> Result<()> {
     crate::names::check(what, name, MAX_NAME_BYTES)
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
+async fn read_body(req: Request<Body>) -> Result<LockBody> {
     // The body is read as it is: one sent compressed would be taken for
     // JSON that does not parse, or worse, a plain one labelled compressed
     // for what it is not.
@@ -608,12 +607,7 @@ async fn read_body(req: Request<Incoming>) -> Result<LockBody> {
             String::from_utf8_lossy(coding.as_bytes())
         )));
     }
-    let bytes = body::read_request(
-        body::boxed(req.into_body()),
-        MAX_LOCK_BODY,
-        LOCK_BODY_TIMEOUT,
-    )
-    .await?;
+    let bytes = body::read_request(req.into_body(), MAX_LOCK_BODY, LOCK_BODY_TIMEOUT).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Error::InvalidBody(
             r#"expected a JSON object such as {"owner": "worker-a", "ttl_ms": 30000}"#.into(),

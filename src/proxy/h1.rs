@@ -22,6 +22,7 @@
 //! once its answer was read to the end, when neither side asked to close
 //! and no stray bytes followed.
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -178,9 +179,16 @@ fn parse_head(
     max_head: usize,
 ) -> Result<Option<Answer>, Failure> {
     loop {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut slots);
-        let len = match resp.parse(buf) {
+        // Nothing read yet (the usual case right after the request went
+        // out): nothing to parse.
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut slots)
+        {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() >= max_head => {
                 return Err(Failure::Invalid(format!(

@@ -152,7 +152,12 @@ pub fn drop_length_beside_transfer_encoding(headers: &mut HeaderMap) {
 /// `X-Forwarded-Host` (from `Host`, which the caller has set from the
 /// request's authority when it had one).
 pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &str) {
-    let xff = HeaderName::from_static("x-forwarded-for");
+    // Names checked once, at compile time (`from_static` at run time
+    // validates the name on every call).
+    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+    const PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    const HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+    let xff = XFF;
     // Room for any one address: no regrowth in the common case.
     let mut value = String::with_capacity(40);
     for prior in headers.get_all(&xff).iter().filter_map(|v| v.to_str().ok()) {
@@ -164,11 +169,11 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &str) {
         headers.insert(xff, v);
     }
     headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
+        PROTO,
         HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
     );
     if let Some(host) = headers.get(header::HOST).cloned() {
-        headers.insert(HeaderName::from_static("x-forwarded-host"), host);
+        headers.insert(HOST, host);
     }
 }
 

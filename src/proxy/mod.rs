@@ -299,21 +299,17 @@ impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
     /// byte for byte, bodies streamed both ways. A failure is the error the
     /// client is answered with (502/504); the caller renders it.
-    pub async fn passthrough<B>(
+    pub async fn passthrough(
         &self,
-        req: Request<B>,
+        req: Request<Body>,
         inbound: Inbound<'_>,
-    ) -> Result<Response<Body>, Error>
-    where
-        B: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
-        B::Error: Into<crate::body::BoxError>,
-    {
+    ) -> Result<Response<Body>, Error> {
         let pq = req
             .uri()
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let mut fwd = req.map(crate::body::boxed);
+        let mut fwd = req;
         self.prepare(&mut fwd, pq, inbound);
         match self.send(fwd).await {
             Ok(resp) => Ok(resp.map(crate::body::boxed)),

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -146,7 +145,7 @@ impl Upstream {
     /// client is answered with, rendered by the caller.
     pub async fn upgrade(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<Body>,
         inbound: Inbound<'_>,
     ) -> Result<(Response<Body>, &'static str), Error> {
         // Taken before the request moves on: it resolves once hyper has
@@ -161,7 +160,7 @@ impl Upstream {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let mut fwd = req.map(body::boxed);
+        let mut fwd = req;
         self.prepare(&mut fwd, pq, inbound);
         headers::keep_websocket_upgrade(fwd.headers_mut());
 

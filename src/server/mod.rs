@@ -10,6 +10,7 @@
 //! header read timeout, so a client that stalls mid-handshake holds one
 //! connection slot and never the accept loop.
 
+pub mod h1;
 pub mod router;
 pub mod unparsable;
 
@@ -23,11 +24,11 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::body::Body;
@@ -47,13 +48,18 @@ pub struct ConnSettings {
     /// so the admin listener, where a lock acquire may wait for a client
     /// that is gone, keeps it off.
     pub half_close: bool,
+    /// Whether HTTP/1.1 requests without a body are served by [`h1`]'s
+    /// own loop instead of hyper's (the proxy listener: see `h1` for why).
+    /// The admin listener keeps hyper's throughout: a lock acquire there
+    /// may wait, and hyper notices a client that leaves meanwhile.
+    pub lean_http1: bool,
 }
 
 /// Something that answers requests: the proxy router or the admin router.
 pub trait Handler: Clone + Send + Sync + 'static {
     fn call(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         peer: SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send;
 
@@ -101,8 +107,12 @@ pub async fn serve<H: Handler>(
     // (store, upstream client, settings), and cloning them for every
     // request showed up in profiles.
     let handler = Arc::new(handler);
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(settings.limits.max_connections.max(1)));
+    let limits = h1::Limits {
+        header_read_timeout: settings.limits.header_read_timeout,
+        max_head: settings.limits.max_header_bytes.max(8192),
+    };
 
     loop {
         let permit = tokio::select! {
@@ -122,35 +132,36 @@ pub async fn serve<H: Handler>(
             () = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let handler = handler.clone();
-            // One span per request, on both listeners: what the router and
-            // the wings learn is recorded on it (see `telemetry`).
-            let span = telemetry::request_span(name, req.method(), req.uri().path());
-            async move { Ok::<_, Infallible>(unparsable::with_date(handler.call(req, peer).await)) }
-                .instrument(span)
-        });
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let conn = Connection {
+            name,
+            peer,
+            handler: handler.clone(),
+            builder: builder.clone(),
+            lean: settings.lean_http1,
+            limits,
+            shutdown: shutdown.clone(),
+        };
         let tls = settings.tls.clone();
         let handshake_timeout = settings.limits.header_read_timeout;
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _permit = permit;
             let Some(tls) = tls else {
-                return serve_connection(&builder, stream, service, watcher, peer).await;
+                return conn.serve(stream).await;
             };
             let acceptor = tokio_rustls::TlsAcceptor::from(tls);
             match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => serve_connection(&builder, stream, service, watcher, peer).await,
+                // HTTP/2 (by ALPN) too: its preface is no HTTP/1.1 head,
+                // so `h1` hands it to hyper as it comes.
+                Ok(Ok(stream)) => conn.serve(stream).await,
                 Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
     drop(listener);
+    connections.close();
     let drained = async {
-        graceful.shutdown().await;
+        connections.wait().await;
         if let Some(tunnels) = &tunnels {
             tunnels.idle().await;
         }
@@ -168,25 +179,94 @@ pub async fn serve<H: Handler>(
     }
 }
 
-/// Serves one accepted (and, with TLS, handshaken) connection to its end.
-async fn serve_connection<I, S>(
-    builder: &auto::Builder<TokioExecutor>,
-    io: I,
-    service: S,
-    watcher: Watcher,
+/// A request's answer from `handler`, in the request's span, with a `Date`.
+async fn answer<H: Handler>(
+    handler: &H,
+    name: &'static str,
+    req: Request<Body>,
     peer: SocketAddr,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let io = unparsable::ProblemAnswers::new(io);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    if let Err(e) = watcher.watch(conn).await {
-        tracing::debug!(error = %e, %peer, "connection closed with error");
+) -> Response<Body> {
+    // One span per request, on both listeners: what the router and the
+    // wings learn is recorded on it (see `telemetry`).
+    let span = telemetry::request_span(name, req.method(), req.uri().path());
+    unparsable::with_date(handler.call(req, peer).instrument(span).await)
+}
+
+/// One accepted connection and what serving it needs.
+struct Connection<H> {
+    name: &'static str,
+    peer: SocketAddr,
+    handler: Arc<H>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    /// Whether [`h1`] serves the simple requests.
+    lean: bool,
+    limits: h1::Limits,
+    shutdown: CancellationToken,
+}
+
+impl<H: Handler> Connection<H> {
+    /// Serves the (handshaken) connection to its end: [`h1`]'s loop first
+    /// where the listener has it, hyper from the first request it hands on.
+    async fn serve<I>(self, mut io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let end = if self.lean {
+            h1::serve(
+                &mut io,
+                &*self.handler,
+                self.name,
+                self.peer,
+                self.limits,
+                &self.shutdown,
+            )
+            .await
+        } else {
+            // hyper-util's auto builder waits for a connection's first
+            // bytes, to tell HTTP/1 from HTTP/2, without a timeout: they
+            // must come within the header read timeout here too.
+            h1::first_bytes(&mut io, self.limits.header_read_timeout, &self.shutdown).await
+        };
+        let first = match end {
+            h1::End::Closed => return,
+            h1::End::HandOver(first) => first,
+        };
+        self.serve_hyper(h1::Replay::new(first, io)).await
+    }
+
+    /// Serves the connection with hyper-util's auto builder: HTTP/1.1, and
+    /// HTTP/2 by ALPN or prior knowledge. A drain lets the request in
+    /// flight finish and then closes (hyper's graceful shutdown).
+    async fn serve_hyper<I>(self, io: h1::Replay<I>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self {
+            name,
+            peer,
+            handler,
+            builder,
+            shutdown,
+            ..
+        } = self;
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let handler = handler.clone();
+            let req = req.map(crate::body::boxed);
+            async move { Ok::<_, Infallible>(answer(&*handler, name, req, peer).await) }
+        });
+        let io = unparsable::ProblemAnswers::new(io);
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let result = tokio::select! {
+            r = conn.as_mut() => r,
+            () = shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, %peer, "connection closed with error");
+        }
     }
 }
 

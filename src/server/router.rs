@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 
 use super::Handler;
 use crate::auth::ApiTokens;
@@ -51,7 +50,7 @@ pub struct ProxyRouter {
 }
 
 impl Handler for ProxyRouter {
-    async fn call(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    async fn call(&self, req: Request<Body>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
         let (kind, resp) = self.route(req, peer, started).await;
@@ -68,7 +67,7 @@ impl Handler for ProxyRouter {
 impl ProxyRouter {
     async fn route(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         peer: SocketAddr,
         started: Instant,
     ) -> (RequestKind, Response<Body>) {
@@ -156,7 +155,7 @@ impl ProxyRouter {
     /// name). One naming a versioned route other than the request's own
     /// (an IIS in front sets it to the request's URL) would reach that
     /// item past every check: refused, 400.
-    fn rewrite_header_problem(&self, req: &Request<Incoming>) -> Option<Error> {
+    fn rewrite_header_problem(&self, req: &Request<Body>) -> Option<Error> {
         if self.resources.is_empty() {
             return None;
         }
@@ -199,7 +198,7 @@ impl ProxyRouter {
 
     async fn upgrade(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         inbound: Inbound<'_>,
         started: Instant,
     ) -> Response<Body> {
@@ -214,16 +213,12 @@ impl ProxyRouter {
         resp
     }
 
-    async fn passthrough<B>(
+    async fn passthrough(
         &self,
-        req: Request<B>,
+        req: Request<Body>,
         inbound: Inbound<'_>,
         started: Instant,
-    ) -> Response<Body>
-    where
-        B: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
-        B::Error: Into<crate::body::BoxError>,
-    {
+    ) -> Response<Body> {
         if !self.access_log {
             return forwarded(self.upstream.passthrough(req, inbound).await).0;
         }
@@ -254,7 +249,7 @@ fn same_header_name(canonical: &str, name: &str) -> bool {
 /// gets this far, and the asterisk form (`*`) to OPTIONS alone. Passed on,
 /// `DELETE b:80` reached the backend as `DELETE /` with `Host: b:80` in
 /// place of the client's own `Host`.
-fn target_form_problem(req: &Request<Incoming>) -> Option<Error> {
+fn target_form_problem(req: &Request<Body>) -> Option<Error> {
     let uri = req.uri();
     if uri.scheme().is_none() && uri.authority().is_some() {
         return Some(Error::InvalidRequest(format!(
@@ -276,7 +271,7 @@ fn target_form_problem(req: &Request<Incoming>) -> Option<Error> {
 /// the backend and lockstep to pick different ones. The same holds for a
 /// `host` field in HTTP/2, which may leave it out (its `:authority` names
 /// the host).
-fn host_problem(req: &Request<Incoming>) -> Option<Error> {
+fn host_problem(req: &Request<Body>) -> Option<Error> {
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let detail = match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => "the request has more than one Host header; send exactly one".into(),
@@ -373,7 +368,7 @@ fn log_passthrough(
 /// some reading versions that cannot be given one key (400, or 414),
 /// counted and logged as the kind of request it was meant to be.
 fn refused(
-    req: &Request<Incoming>,
+    req: &Request<Body>,
     kind: RequestKind,
     err: &Error,
     started: Instant,
@@ -414,7 +409,7 @@ pub struct AdminRouter {
 }
 
 impl Handler for AdminRouter {
-    async fn call(&self, req: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
+    async fn call(&self, req: Request<Body>, _peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
         let (kind, resp) = self.route(req).await;
@@ -427,7 +422,7 @@ impl Handler for AdminRouter {
 }
 
 impl AdminRouter {
-    async fn route(&self, req: Request<Incoming>) -> (RequestKind, Response<Body>) {
+    async fn route(&self, req: Request<Body>) -> (RequestKind, Response<Body>) {
         if let Some(e) = host_problem(&req) {
             return (RequestKind::Admin, problem::response(&e));
         }

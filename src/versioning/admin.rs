@@ -22,7 +22,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde_json::json;
 
 use super::precondition::Expected;
@@ -56,7 +55,7 @@ impl Versioning {
     /// check's verdict (refused calls are answered and logged here too).
     pub async fn operate(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         raw: &str,
         authorized: Result<()>,
     ) -> Response<Body> {
@@ -152,7 +151,7 @@ impl Versioning {
         Ok(json_response(json!({ "key": key, "version": new })))
     }
 
-    async fn bump_prefix(&self, req: Request<Incoming>) -> Result<Response<Body>> {
+    async fn bump_prefix(&self, req: Request<Body>) -> Result<Response<Body>> {
         let prefix = read_prefix(req).await?;
         let mut after = String::new();
         let mut bumped: u64 = 0;
@@ -205,7 +204,7 @@ fn parse_call(method: &Method, raw: &str) -> Result<Call> {
 
 /// The `prefix` of a prefix-bump body: `{"prefix": "articles/"}`, nothing
 /// else. An empty prefix names every key.
-async fn read_prefix(req: Request<Incoming>) -> Result<String> {
+async fn read_prefix(req: Request<Body>) -> Result<String> {
     // Read as plain JSON, as the lock API's bodies are.
     if let Some(coding) = req
         .headers()
@@ -218,12 +217,7 @@ async fn read_prefix(req: Request<Incoming>) -> Result<String> {
             String::from_utf8_lossy(coding)
         )));
     }
-    let bytes = body::read_request(
-        body::boxed(req.into_body()),
-        MAX_BUMP_BODY,
-        BUMP_BODY_TIMEOUT,
-    )
-    .await?;
+    let bytes = body::read_request(req.into_body(), MAX_BUMP_BODY, BUMP_BODY_TIMEOUT).await?;
     let example = r#"expected a JSON object such as {"prefix": "articles/"}"#;
     let members = json_object::parse(&bytes).map_err(|refusal| {
         Error::InvalidBody(match refusal {

@@ -62,7 +62,6 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::body::{self, Body, Collected};
@@ -208,7 +207,7 @@ impl Versioning {
     /// otherwise the response with the kind of request it answered.
     pub async fn handle(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Body>,
         route: &Route,
         inbound: Inbound<'_>,
     ) -> std::result::Result<(RequestKind, Response<Body>), Request<Body>> {
@@ -236,7 +235,6 @@ impl Versioning {
             Ok(m) => m,
             Err(e) => return Ok(refused(e)),
         };
-        let mut req = req.map(body::boxed);
         if method == Method::POST
             && *route != Route::Unversioned
             && method::body_may_override(req.headers())
