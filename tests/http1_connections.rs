@@ -22,10 +22,10 @@ use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Backend, Lockstep};
+use common::{raw_backend_closing, Backend, Lockstep};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// The longest any single wait for bytes from lockstep may take.
 const STEP: Duration = Duration::from_secs(5);
@@ -452,34 +452,6 @@ async fn backend_saw(backend: &Backend, path: &str) -> Vec<Value> {
     backend.log_for(path).await
 }
 
-/// A backend on a raw socket that answers each request (read up to the
-/// end of its head) with `answer` and then closes the connection: for an
-/// answer whose body runs to the close, which the fixture never sends.
-async fn closing_backend(answer: &'static [u8]) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let _ = stream.write_all(answer).await;
-                let _ = stream.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
 // -------------------------------------------------------------------- tests
 
 #[tokio::test]
@@ -758,9 +730,11 @@ async fn chunked_answers_reach_the_client_whole_and_the_connection_is_reused() {
 async fn an_answer_that_runs_to_the_backends_close_is_framed_for_the_client() {
     // No Content-Length, no Transfer-Encoding: the body ends where the
     // backend closes (RFC 9112 §6.3, rule 8).
-    let upstream =
-        closing_backend(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the close")
-            .await;
+    let upstream = raw_backend_closing(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the close",
+        true,
+    )
+    .await;
     let lockstep = Lockstep::builder()
         .upstream(format!("http://{upstream}"))
         .start();
@@ -1378,4 +1352,44 @@ async fn absolute_form_and_asterisk_form_targets() {
         .collect();
     assert_eq!(options.len(), 1, "{options:?}");
     assert_eq!(options[0]["path"], "*", "{options:?}");
+}
+
+#[tokio::test]
+async fn a_transfer_coding_besides_one_chunked_is_refused_before_the_backend() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    // The HTTP layer takes the chunked coding off and would leave the rest
+    // on a body the backend then gets without `Transfer-Encoding` (a
+    // hop-by-hop header): refused, as a list not ending in chunked is.
+    for (coding, path) in [
+        ("gzip, chunked", "/echo/gzip"),
+        ("chunked, chunked", "/echo/twice"),
+        ("deflate\r\nTransfer-Encoding: chunked", "/echo/split"),
+        ("gzip, chunked", "/autos/1"),
+    ] {
+        let mut conn = Conn::open(lockstep.proxy_addr()).await;
+        conn.send(format!(
+            "PUT {path} HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: {coding}\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n"
+        ))
+        .await;
+        let answer = conn.answer("PUT").await;
+        let doc = answer.problem(400, "invalid-request");
+        assert!(
+            doc["detail"]
+                .as_str()
+                .unwrap()
+                .contains("Transfer-Encoding"),
+            "{coding}: {doc}"
+        );
+        assert!(backend_saw(&backend, path).await.is_empty(), "{coding}");
+    }
+    // One chunked coding alone is the ordinary case.
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send(
+        "PUT /echo/plain HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    let answer = conn.answer("PUT").await;
+    assert_echo(&answer, "PUT", "/echo/plain", "abc");
 }

@@ -77,7 +77,10 @@ impl ProxyRouter {
             let e = Error::MethodNotAllowed(PROXY_METHODS);
             return refused(&req, RequestKind::Passthrough, &e, started);
         }
-        if let Some(e) = target_form_problem(&req).or_else(|| host_problem(&req)) {
+        if let Some(e) = target_form_problem(&req)
+            .or_else(|| host_problem(&req))
+            .or_else(|| transfer_coding_problem(&req))
+        {
             return refused(&req, RequestKind::Passthrough, &e, started);
         }
         if let Some(prefix) = &self.lock_prefix {
@@ -271,6 +274,37 @@ fn target_form_problem(req: &Request<Body>) -> Option<Error> {
 /// the backend and lockstep to pick different ones. The same holds for a
 /// `host` field in HTTP/2, which may leave it out (its `:authority` names
 /// the host).
+/// A request body in a transfer coding besides one `chunked`: the HTTP
+/// layer takes the chunked coding off and leaves the rest on, and with
+/// `Transfer-Encoding` gone as hop-by-hop the backend would get the body
+/// still coded without being told (RFC 9112 §6.1). hyper refuses a coding
+/// list that does not end in `chunked` with 400; the same goes for the rest.
+fn transfer_coding_problem(req: &Request<Body>) -> Option<Error> {
+    let mut codings = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty());
+    let first = codings.next()?;
+    if first.eq_ignore_ascii_case(b"chunked") && codings.next().is_none() {
+        return None;
+    }
+    let all: Vec<String> = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    Some(Error::InvalidRequest(format!(
+        "the request's Transfer-Encoding is {:?}: lockstep takes off the chunked coding only, \
+         and the backend would get the body still coded (RFC 9112 §6.1); send it chunked alone \
+         or with a Content-Length",
+        all.join(", ")
+    )))
+}
+
 fn host_problem(req: &Request<Body>) -> Option<Error> {
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let detail = match (hosts.next(), hosts.next()) {

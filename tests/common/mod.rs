@@ -1419,3 +1419,58 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A backend on a raw socket that answers every request on every
+/// connection with `answer`, byte for byte: for responses no HTTP library
+/// would produce. Requests are read up to the end of their head and a
+/// `Content-Length` body.
+pub async fn raw_backend(answer: &'static [u8]) -> SocketAddr {
+    raw_backend_closing(answer, false).await
+}
+
+/// [`raw_backend`], closing each connection after its answer when `close`
+/// (for an answer whose body runs to the close).
+pub async fn raw_backend_closing(answer: &'static [u8], close: bool) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: its head, then its declared body.
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let body_len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + body_len {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..head_end + body_len);
+                    if stream.write_all(answer).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
