@@ -1393,3 +1393,58 @@ async fn a_transfer_coding_besides_one_chunked_is_refused_before_the_backend() {
     let answer = conn.answer("PUT").await;
     assert_echo(&answer, "PUT", "/echo/plain", "abc");
 }
+
+#[tokio::test]
+async fn a_request_whose_head_is_still_arriving_when_the_drain_begins_is_answered() {
+    let backend = Backend::start();
+    let mut lockstep = Lockstep::in_front_of(&backend);
+    let addr = lockstep.proxy_addr();
+
+    let mut idle = Conn::open(addr).await;
+    idle.send(get("/echo/idle")).await;
+    let answer = idle.answer("GET").await;
+    assert!(!answer.says_close(), "{answer:?}");
+    // Half a head of each kind: one with a body (served by hyper once
+    // handed over) and one without (served by lockstep's own loop).
+    let mut with_body = Conn::open(addr).await;
+    with_body
+        .send("POST /echo/draining HTTP/1.1\r\nHost: a\r\nContent-Le")
+        .await;
+    let mut without = Conn::open(addr).await;
+    without.send("GET /echo/draining-get HTTP/1.1\r\nHo").await;
+
+    lockstep.terminate();
+    // The drain has begun once the idle connection is closed.
+    idle.closed().await;
+    with_body.send("ngth: 5\r\n\r\nhello").await;
+    without.send("st: a\r\n\r\n").await;
+    let posted = with_body.answer("POST").await;
+    assert_echo(&posted, "POST", "/echo/draining", "hello");
+    assert!(posted.says_close(), "{posted:?}");
+    with_body.closed().await;
+    let got = without.answer("GET").await;
+    assert_echo(&got, "GET", "/echo/draining-get", "");
+    assert!(got.says_close(), "{got:?}");
+    without.closed().await;
+    let status = lockstep.wait_exit(STEP).await;
+    assert_eq!(status.code(), Some(0), "exit status after the drain");
+}
+
+#[tokio::test]
+async fn http2_begins_only_at_a_connections_first_byte() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    // RFC 9113 §3.4: the preface opens a connection; after an HTTP/1.1
+    // request it is an HTTP/1.1 error, and the connection closes without
+    // a single HTTP/2 frame.
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send(format!(
+        "{}PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        get("/echo/first")
+    ))
+    .await;
+    let first = conn.answer("GET").await;
+    assert_echo(&first, "GET", "/echo/first", "");
+    // Any byte now (an HTTP/2 SETTINGS frame) fails this.
+    conn.closed().await;
+}

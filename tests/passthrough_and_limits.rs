@@ -1515,3 +1515,31 @@ async fn malformed_raw_requests_get_4xx_never_500_and_never_hang() {
     assert_eq!(read_version(&client, &lockstep, "/articles/1").await, 1);
     assert!(writes_received(&backend, "/articles/1").await.is_empty());
 }
+
+#[tokio::test]
+async fn a_protocol_switch_the_request_did_not_ask_for_is_a_502_for_every_method() {
+    // RFC 9110 §15.2.2: 101 answers an Upgrade; to any other request it is
+    // a broken answer, whichever of lockstep's clients read it.
+    let backend = raw_backend(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: foo\r\n\r\n",
+    )
+    .await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{backend}"))
+        .start();
+    for method in ["GET", "DELETE", "OPTIONS"] {
+        let raw = raw_http1(
+            lockstep.proxy_addr(),
+            &format!("{method} /switch HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(raw.starts_with("HTTP/1.1 502 "), "{method}: {raw}");
+        assert!(raw.contains("application/problem+json"), "{method}: {raw}");
+    }
+    let raw = raw_http1(
+        lockstep.proxy_addr(),
+        "POST /switch HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 502 "), "POST: {raw}");
+}

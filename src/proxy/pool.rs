@@ -351,6 +351,15 @@ impl Pool {
             .await
             .map_err(|_| ForwardError::Timeout)?;
             match sent {
+                // A request that asked for no upgrade (upgrades take
+                // `send_dedicated`): a protocol switch is a broken answer,
+                // as `h1` reads it for the lean requests, and the
+                // connection is not kept.
+                Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    return Err(ForwardError::Failed(
+                        "the backend switched protocols, which the request did not ask for".into(),
+                    ));
+                }
                 Ok(resp) => {
                     if let Some(value) = resp.headers().get(KEEP_ALIVE) {
                         conn.keep_alive = keep_alive_for(value);

@@ -69,8 +69,8 @@ pub enum End {
     /// Closed, or to be closed: nothing more to do.
     Closed,
     /// A request this loop does not serve begins here: hyper serves the
-    /// connection from these bytes on.
-    HandOver(Bytes),
+    /// connection from `first` on. `fresh`: no request came before it.
+    HandOver { first: Bytes, fresh: bool },
 }
 
 /// Serves requests on `io` until the connection ends or a request needs
@@ -92,6 +92,7 @@ where
     // The last answer's header map, emptied: the next request's headers
     // go into its allocation (as hyper does).
     let mut spare = HeaderMap::new();
+    let mut fresh = true;
     let mut timer = HeadTimer::new(limits.header_read_timeout);
     let drain = shutdown.cancelled();
     tokio::pin!(drain);
@@ -100,8 +101,9 @@ where
             match read_head(io, &mut buf, &mut spare, limits, &mut timer, drain.as_mut()).await {
                 Head::Request(req, keep_alive) => (req, keep_alive),
                 Head::Closed => return End::Closed,
-                Head::HandOver(bytes) => return End::HandOver(bytes),
+                Head::HandOver(first) => return End::HandOver { first, fresh },
             };
+        fresh = false;
         let is_head = req.method() == Method::HEAD;
         let resp = super::answer(handler, name, req, peer).await;
         // Draining: this answer is the connection's last (hyper's graceful
@@ -124,6 +126,14 @@ where
     }
 }
 
+/// Whether `first`, a connection's first bytes, may be HTTP/2's preface
+/// (RFC 9113 §3.4), or the start of it.
+pub fn may_be_http2_preface(first: &[u8]) -> bool {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let n = first.len().min(PREFACE.len());
+    first[..n] == PREFACE[..n]
+}
+
 /// The first bytes of a connection that hyper serves from its start,
 /// within `timeout`; a drain closes the connection while none came.
 pub async fn first_bytes<I>(io: &mut I, timeout: Duration, shutdown: &CancellationToken) -> End
@@ -134,7 +144,10 @@ where
     tokio::select! {
         biased;
         read = tokio::time::timeout(timeout, io.read_buf(&mut buf)) => match read {
-            Ok(Ok(n)) if n > 0 => End::HandOver(buf.freeze()),
+            Ok(Ok(n)) if n > 0 => End::HandOver {
+                first: buf.freeze(),
+                fresh: true,
+            },
             _ => End::Closed,
         },
         () = shutdown.cancelled() => End::Closed,
@@ -1047,7 +1060,10 @@ mod tests {
             client.shutdown().await.unwrap();
             let end = serve_scripted(&mut server, LIMITS, &CancellationToken::new()).await;
             match end {
-                End::HandOver(first) => assert_eq!(first, input.as_bytes(), "{input:?}"),
+                End::HandOver { first, fresh } => {
+                    assert_eq!(first, input.as_bytes(), "{input:?}");
+                    assert!(fresh, "{input:?}");
+                }
                 End::Closed => panic!("not handed over: {input:?}"),
             }
         }
@@ -1071,9 +1087,10 @@ mod tests {
         let (mut client, mut server) = duplex(64 * 1024);
         client.write_all(input.as_bytes()).await.unwrap();
         let end = serve_scripted(&mut server, LIMITS, &CancellationToken::new()).await;
-        let End::HandOver(first) = end else {
+        let End::HandOver { first, fresh } = end else {
             panic!("not handed over")
         };
+        assert!(!fresh, "a request was served before");
         assert_eq!(
             first,
             &b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhiGET /y"[..]
@@ -1198,6 +1215,20 @@ mod tests {
             let mut out = Vec::new();
             push_hex(&mut out, n);
             assert_eq!(out, format!("{n:X}").as_bytes());
+        }
+    }
+
+    #[test]
+    fn the_http2_preface_is_told_from_its_first_bytes() {
+        for first in [
+            &b"P"[..],
+            b"PRI * HTTP/2.0\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0",
+        ] {
+            assert!(may_be_http2_preface(first), "{first:?}");
+        }
+        for first in [&b"GET / HTTP/1.1\r\n"[..], b"PRI / HTTP/1.1", b"PUT"] {
+            assert!(!may_be_http2_preface(first), "{first:?}");
         }
     }
 }

@@ -80,21 +80,33 @@ pub async fn serve<H: Handler>(
     settings: ConnSettings,
     shutdown: CancellationToken,
 ) {
+    // The same HTTP/1 settings for both of hyper's servers: the auto
+    // builder's (HTTP/1 or HTTP/2 by what a connection starts with) and the
+    // HTTP/1 one for connections known to be HTTP/1 (see `serve_hyper`).
+    macro_rules! http1_settings {
+        ($builder:expr) => {
+            $builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(settings.limits.header_read_timeout)
+                .max_buf_size(settings.limits.max_header_bytes.max(8192))
+                .keep_alive(true)
+                // Every answer of a handler gets its `Date` from
+                // `with_date`, so hyper's own answer to an unparsable
+                // request is the only one without, and `ProblemAnswers`
+                // can tell it apart.
+                .auto_date_header(false)
+                // A client may close its sending side once its request is
+                // out (RFC 9112 §9.6) and still expects the answer; without
+                // this, hyper takes the FIN for a client gone and drops the
+                // request.
+                .half_close(settings.half_close)
+        };
+    }
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.limits.header_read_timeout)
-        .max_buf_size(settings.limits.max_header_bytes.max(8192))
-        .keep_alive(true)
-        // Every answer of a handler gets its `Date` from `with_date`, so
-        // hyper's own answer to an unparsable request is the only one
-        // without, and `ProblemAnswers` can tell it apart.
-        .auto_date_header(false)
-        // A client may close its sending side once its request is out
-        // (RFC 9112 §9.6) and still expects the answer; without this,
-        // hyper takes the FIN for a client gone and drops the request.
-        .half_close(settings.half_close);
+    http1_settings!(builder.http1());
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1_settings!(http1);
+    let http1 = Arc::new(http1);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -137,6 +149,7 @@ pub async fn serve<H: Handler>(
             peer,
             handler: handler.clone(),
             builder: builder.clone(),
+            http1: http1.clone(),
             lean: settings.lean_http1,
             limits,
             shutdown: shutdown.clone(),
@@ -198,6 +211,7 @@ struct Connection<H> {
     peer: SocketAddr,
     handler: Arc<H>,
     builder: Arc<auto::Builder<TokioExecutor>>,
+    http1: Arc<hyper::server::conn::http1::Builder>,
     /// Whether [`h1`] serves the simple requests.
     lean: bool,
     limits: h1::Limits,
@@ -227,17 +241,26 @@ impl<H: Handler> Connection<H> {
             // must come within the header read timeout here too.
             h1::first_bytes(&mut io, self.limits.header_read_timeout, &self.shutdown).await
         };
-        let first = match end {
+        let (first, fresh) = match end {
             h1::End::Closed => return,
-            h1::End::HandOver(first) => first,
+            h1::End::HandOver { first, fresh } => (first, fresh),
         };
-        self.serve_hyper(h1::Replay::new(first, io)).await
+        // HTTP/2 only from a connection's first byte on (RFC 9113 §3.4): a
+        // preface after HTTP/1.1 requests is an HTTP/1.1 error.
+        let http2 = fresh && h1::may_be_http2_preface(&first);
+        self.serve_hyper(h1::Replay::new(first, io), http2).await
     }
 
-    /// Serves the connection with hyper-util's auto builder: HTTP/1.1, and
-    /// HTTP/2 by ALPN or prior knowledge. A drain lets the request in
-    /// flight finish and then closes (hyper's graceful shutdown).
-    async fn serve_hyper<I>(self, io: h1::Replay<I>)
+    /// Serves the connection with hyper: with hyper-util's auto builder
+    /// where it may be HTTP/2 (by ALPN or prior knowledge), else with
+    /// hyper's HTTP/1 server. A drain lets the request in flight finish
+    /// and then closes (hyper's graceful shutdown).
+    ///
+    /// Why not the auto builder for every connection: it starts by reading
+    /// far enough to tell the two protocols apart, and a graceful shutdown
+    /// in that state closes the connection unserved, so a request whose
+    /// bytes `h1` had read and handed over when a drain began was dropped.
+    async fn serve_hyper<I>(self, io: h1::Replay<I>, http2: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -246,6 +269,7 @@ impl<H: Handler> Connection<H> {
             peer,
             handler,
             builder,
+            http1,
             shutdown,
             ..
         } = self;
@@ -254,18 +278,42 @@ impl<H: Handler> Connection<H> {
             let req = req.map(crate::body::boxed);
             async move { Ok::<_, Infallible>(answer(&*handler, name, req, peer).await) }
         });
-        let io = unparsable::ProblemAnswers::new(io);
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-        tokio::pin!(conn);
-        let result = tokio::select! {
-            r = conn.as_mut() => r,
-            () = shutdown.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
+        let io = TokioIo::new(unparsable::ProblemAnswers::new(io));
+        let result = if http2 {
+            let conn = builder.serve_connection_with_upgrades(io, service);
+            until_drained(conn, |c| c.graceful_shutdown(), &shutdown).await
+        } else {
+            let conn = http1.serve_connection(io, service).with_upgrades();
+            until_drained(conn, |c| c.graceful_shutdown(), &shutdown)
+                .await
+                .map_err(Into::into)
         };
         if let Err(e) = result {
             tracing::debug!(error = %e, %peer, "connection closed with error");
+        }
+    }
+}
+
+/// Drives a hyper connection to its end; when `shutdown` fires first,
+/// starts its graceful shutdown (`begin`) and drives it on.
+async fn until_drained<C, E>(
+    conn: C,
+    begin: impl FnOnce(std::pin::Pin<&mut C>),
+    shutdown: &CancellationToken,
+) -> Result<(), E>
+where
+    C: Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        // The connection first: on a connection handed over during a drain,
+        // hyper must read the request it was handed before it is told to
+        // shut down, or it closes as if nothing had come.
+        biased;
+        r = conn.as_mut() => r,
+        () = shutdown.cancelled() => {
+            begin(conn.as_mut());
+            conn.await
         }
     }
 }
