@@ -1,10 +1,14 @@
-//! The edge: listeners, TLS, the accept loop, and graceful drain. Each
-//! accepted connection is served by hyper-util's auto builder (HTTP/1.1,
-//! and HTTP/2 by ALPN over TLS or with prior knowledge, h2c, in the clear),
-//! watched by a `GracefulShutdown` so SIGTERM stops accepting, lets
-//! in-flight requests finish within the drain timeout, and then returns.
-//! WebSocket tunnels, which hyper no longer watches once upgraded, are
-//! waited for within the same timeout and closed when it runs out.
+//! The edge: listeners, TLS, the accept loop, and graceful drain. On the
+//! proxy listener an accepted connection is served by [`h1`]'s own loop
+//! while its requests are HTTP/1.1 without a body; from the first other
+//! request on (and on the admin listener from the start) by hyper: its
+//! HTTP/1 server, or hyper-util's auto builder where the connection may be
+//! HTTP/2 (by ALPN over TLS, or with prior knowledge, h2c, in the clear).
+//! Every connection runs as a task of one `TaskTracker`, so SIGTERM stops
+//! accepting, closes idle connections, lets in-flight requests finish
+//! within the drain timeout, and then returns. WebSocket tunnels, which
+//! hyper no longer watches once upgraded, are waited for within the same
+//! timeout and closed when it runs out.
 //!
 //! The TLS handshake runs in the connection's own task, bounded by the
 //! header read timeout, so a client that stalls mid-handshake holds one
