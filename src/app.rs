@@ -181,7 +181,6 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             .transpose()?,
         limits: cfg.conn.clone(),
         half_close: true,
-        lean_http1: true,
     };
     let stop = CancellationToken::new();
     let worker_count = match c.server.workers {
@@ -205,7 +204,6 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             .map(|cert| cert.server_config(cfg.admin_client_ca.as_deref()))
             .transpose()?,
         half_close: false,
-        lean_http1: false,
         ..conn.clone()
     };
     let admin = tokio::spawn(server::serve(

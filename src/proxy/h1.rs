@@ -127,6 +127,11 @@ pub fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
     head
 }
 
+/// Why a `101` to a request that asked for no upgrade is refused, by
+/// either of lockstep's clients (RFC 9110 §15.2.2).
+pub const UNASKED_SWITCH: &str =
+    "the backend switched protocols, which the request did not ask for";
+
 /// Where a name or value sits in a head: its offset and length.
 type Span = (usize, usize);
 
@@ -202,9 +207,7 @@ fn parse_head(
         let status = StatusCode::from_u16(code)
             .map_err(|_| Failure::Invalid(format!("answered status {code}")))?;
         if status == StatusCode::SWITCHING_PROTOCOLS {
-            return Err(Failure::Invalid(
-                "switched protocols, which the request did not ask for".into(),
-            ));
+            return Err(Failure::Invalid(UNASKED_SWITCH.into()));
         }
         if status.is_informational() {
             buf.advance(len);
@@ -262,17 +265,15 @@ fn framing(headers: &HeaderMap, status: StatusCode, to_head: bool) -> Result<Fra
         return Ok(Framing::Length(0));
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
-        let last = headers
+        let chunked = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
             .next_back()
-            .and_then(|v| v.as_bytes().rsplit(|b| *b == b',').next())
-            .map(<[u8]>::trim_ascii);
-        return Ok(match last {
-            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => {
-                Framing::Chunked(Chunk::Size)
-            }
-            _ => Framing::Close,
+            .is_some_and(|v| super::headers::ends_in_chunked(v.as_bytes()));
+        return Ok(if chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::Close
         });
     }
     let mut length = None;

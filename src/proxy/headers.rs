@@ -121,9 +121,24 @@ pub fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
     headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+        .any(|v| lists(v.as_bytes(), token))
+}
+
+/// Whether one comma-separated header value lists `token`
+/// (case-insensitive, spaces around each item ignored).
+pub fn lists(value: &[u8], token: &str) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked`, the
+/// one that delimits a body (RFC 9112 §6.3).
+pub fn ends_in_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|b| *b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// Sets `Connection: upgrade` and `Upgrade: websocket` on a message whose

@@ -356,9 +356,7 @@ impl Pool {
                 // as `h1` reads it for the lean requests, and the
                 // connection is not kept.
                 Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                    return Err(ForwardError::Failed(
-                        "the backend switched protocols, which the request did not ask for".into(),
-                    ));
+                    return Err(ForwardError::Failed(h1::UNASKED_SWITCH.into()));
                 }
                 Ok(resp) => {
                     if let Some(value) = resp.headers().get(KEEP_ALIVE) {

@@ -25,7 +25,7 @@
 //! a client that leaves while its request is being handled. The answer is
 //! written, fails, and the connection ends.
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write as _};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -42,6 +42,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::Handler;
 use crate::body::{self, Body};
+use crate::proxy::headers::{ends_in_chunked, lists};
 
 /// hyper's default: more headers than this are its to refuse.
 const MAX_HEADERS: usize = 100;
@@ -368,13 +369,6 @@ fn build(
     Some(req)
 }
 
-/// Whether a `Connection` value lists `token` (RFC 9110 §7.6.1).
-fn lists(value: &[u8], token: &str) -> bool {
-    value
-        .split(|b| *b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-}
-
 /// How the answer's body is delimited on the wire.
 #[derive(Debug, PartialEq, Eq)]
 enum Framing {
@@ -455,8 +449,8 @@ where
             continue;
         }
         let data = if chunked {
-            push_hex(out, data.len());
-            out.extend_from_slice(b"\r\n");
+            // Upper-case hex, as hyper writes it.
+            let _ = write!(out, "{:X}\r\n", data.len());
             data
         } else {
             // More than the declared length: hyper sends the declared
@@ -489,23 +483,6 @@ where
     }
     write_all_flush(io, out, &[]).await?;
     Ok((keep_alive, parts.headers))
-}
-
-/// `n` in hex, as a chunk size (upper case, as hyper writes it).
-fn push_hex(out: &mut Vec<u8>, n: usize) {
-    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-    let mut digits = [0u8; 16];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = DIGITS[n % 16];
-        n /= 16;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// The body's next frame if it has one ready now.
@@ -562,21 +539,15 @@ fn encode_head(
             "an informational status as a final answer",
         ));
     }
-    if headers
+    let says_close = headers
         .get_all(header::CONNECTION)
         .iter()
-        .any(|v| lists(v.as_bytes(), "close"))
-    {
+        .any(|v| lists(v.as_bytes(), "close"));
+    if says_close {
         keep_alive = false;
-    }
-    // An answer that ends the connection says so: `close` joins the
-    // answer's own `Connection` values (hyper's `enforce_version`).
-    if !keep_alive
-        && !headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| lists(v.as_bytes(), "close"))
-    {
+    } else if !keep_alive {
+        // An answer that ends the connection says so: `close` joins the
+        // answer's own `Connection` values (hyper's `enforce_version`).
         headers.append(header::CONNECTION, HeaderValue::from_static("close"));
     }
     let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
@@ -658,7 +629,7 @@ fn encode_head(
                     continue;
                 }
                 wrote_length = true;
-                end_chunked = !ends_chunked(&value);
+                end_chunked = !ends_in_chunked(value.as_bytes());
                 if open_line {
                     append(out, &value);
                 } else {
@@ -738,15 +709,6 @@ fn close_line(out: &mut Vec<u8>, open_line: &mut bool, end_chunked: &mut bool) {
         out.extend_from_slice(b"\r\n");
         *open_line = false;
     }
-}
-
-/// Whether a `Transfer-Encoding` value's last coding is `chunked`.
-fn ends_chunked(value: &HeaderValue) -> bool {
-    value
-        .as_bytes()
-        .rsplit(|b| *b == b',')
-        .next()
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// A connection's stream with bytes already read from it put back in
@@ -1206,15 +1168,6 @@ mod tests {
             .await;
             assert!(got.starts_with(b"HTTP/1.1 200"), "{head:?}");
             assert_eq!(seen(&ours), rx.recv().await.unwrap(), "{head:?}");
-        }
-    }
-
-    #[test]
-    fn chunk_sizes_are_hex() {
-        for n in [0usize, 9, 10, 255, 0x4000, 0x1f_ffff, usize::MAX] {
-            let mut out = Vec::new();
-            push_hex(&mut out, n);
-            assert_eq!(out, format!("{n:X}").as_bytes());
         }
     }
 

@@ -51,12 +51,12 @@ pub struct ConnSettings {
     /// that leaves mid-request is noticed only when the answer is written,
     /// so the admin listener, where a lock acquire may wait for a client
     /// that is gone, keeps it off.
+    ///
+    /// It also decides who serves HTTP/1.1 requests without a body: with
+    /// half-close on, [`h1`]'s own loop (see `h1` for why), which notices
+    /// a client gone only when it writes the answer, as hyper then does;
+    /// with it off, hyper's server throughout.
     pub half_close: bool,
-    /// Whether HTTP/1.1 requests without a body are served by [`h1`]'s
-    /// own loop instead of hyper's (the proxy listener: see `h1` for why).
-    /// The admin listener keeps hyper's throughout: a lock acquire there
-    /// may wait, and hyper notices a client that leaves meanwhile.
-    pub lean_http1: bool,
 }
 
 /// Something that answers requests: the proxy router or the admin router.
@@ -84,6 +84,8 @@ pub async fn serve<H: Handler>(
     settings: ConnSettings,
     shutdown: CancellationToken,
 ) {
+    // hyper's buffer must hold at least 8 KiB; `h1` holds heads to the same.
+    let max_head = settings.limits.max_header_bytes.max(8192);
     // The same HTTP/1 settings for both of hyper's servers: the auto
     // builder's (HTTP/1 or HTTP/2 by what a connection starts with) and the
     // HTTP/1 one for connections known to be HTTP/1 (see `serve_hyper`).
@@ -92,7 +94,7 @@ pub async fn serve<H: Handler>(
             $builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(settings.limits.header_read_timeout)
-                .max_buf_size(settings.limits.max_header_bytes.max(8192))
+                .max_buf_size(max_head)
                 .keep_alive(true)
                 // Every answer of a handler gets its `Date` from
                 // `with_date`, so hyper's own answer to an unparsable
@@ -127,7 +129,7 @@ pub async fn serve<H: Handler>(
     let slots = Arc::new(Semaphore::new(settings.limits.max_connections.max(1)));
     let limits = h1::Limits {
         header_read_timeout: settings.limits.header_read_timeout,
-        max_head: settings.limits.max_header_bytes.max(8192),
+        max_head,
     };
 
     loop {
@@ -154,7 +156,7 @@ pub async fn serve<H: Handler>(
             handler: handler.clone(),
             builder: builder.clone(),
             http1: http1.clone(),
-            lean: settings.lean_http1,
+            lean: settings.half_close,
             limits,
             shutdown: shutdown.clone(),
         };
