@@ -161,14 +161,16 @@ nginx_upstream() {
 EOF
 }
 
-# nginx_small_backend PORT: a server on 127.0.0.1:PORT answering every path
-# with the benchmark's small JSON object (31 B).
+# nginx_small_backend PORT [DIRECTIVE]: a server on 127.0.0.1:PORT answering
+# every path with the benchmark's small JSON object (31 B); DIRECTIVE (say a
+# location serving files) goes into the server block.
 nginx_small_backend() {
     cat <<EOF
     server {
         listen 127.0.0.1:$1;
         default_type application/json;
         location / { return 200 '{"id":"1","title":"hello"}'; }
+        ${2:-}
     }
 EOF
 }

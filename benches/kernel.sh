@@ -9,9 +9,9 @@
 # the kernel. This splits each server's CPU time into user and system time
 # (from /proc, an untraced run) and counts the system calls it makes per
 # request (strace -c, a second, traced run: counts only, as tracing slows
-# every call). The load is the benchmark's: wrk -t2 -c64 for the read,
-# wrk -t32 -c32 with patch_items.lua for the PATCH, lock_load with 32
-# clients for the pairs, all on 127.0.0.1.
+# every call). The load is the benchmark's: wrk -t2 -c64 for the reads (31 B,
+# and a 2 KiB file), wrk -t32 -c32 with patch_items.lua for the PATCH,
+# lock_load with 32 clients for the pairs, all on 127.0.0.1.
 #
 #   benches/kernel.sh                      # target/release/lockstep
 #   KERNEL_OUT=report.md KERNEL_SECONDS=8 benches/kernel.sh
@@ -36,7 +36,11 @@ build_lockstep
 make_tmp lockstep-kernel
 read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN P_REDIS < <(free_ports 5)
 
-nginx_small_backend "$P_BACKEND" | nginx_conf nginx-backend
+# /p2k/1: a 2 KiB JSON file, served as nginx serves files (with ETag,
+# Last-Modified and Accept-Ranges), for the 2 KiB passthrough rows.
+mkdir -p "$TMP/www/p2k"
+python3 -c 'import json, sys; sys.stdout.write(json.dumps({"id": "1", "pad": "x" * 2020}))' >"$TMP/www/p2k/1"
+nginx_small_backend "$P_BACKEND" "location /p2k/ { root $TMP/www; }" | nginx_conf nginx-backend
 {
     nginx_upstream "$P_BACKEND"
     nginx_proxy_server "$P_PROXY"
@@ -59,10 +63,11 @@ wait_redis redis "$REDIS_GROUP" "$P_REDIS"
 load() {
     local kind=$1 secs=$2 out=$TMP/load.txt
     case $kind in
-    read-lockstep | read-nginx)
-        local port=$P_LOCKSTEP
-        [[ $kind == read-nginx ]] && port=$P_PROXY
-        wrk -t2 -c64 -d"$secs" "http://127.0.0.1:$port/plain/1" >"$out"
+    read-lockstep | read-nginx | read2k-lockstep | read2k-nginx)
+        local port=$P_LOCKSTEP path=/plain/1
+        [[ $kind == *-nginx ]] && port=$P_PROXY
+        [[ $kind == read2k-* ]] && path=/p2k/1
+        wrk -t2 -c64 -d"$secs" "http://127.0.0.1:$port$path" >"$out"
         awk '/requests in/ {print $1}' "$out"
         ;;
     patch-lockstep | patch-nginx)
@@ -125,6 +130,8 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -X PATCH -H 'Content-Type: applica
 
 measure read-lockstep "$LOCKSTEP_GROUP" "lockstep, passthrough GET 31 B"
 measure read-nginx "$PROXY_GROUP" "nginx proxy, the same GET"
+measure read2k-lockstep "$LOCKSTEP_GROUP" "lockstep, passthrough GET 2 KiB"
+measure read2k-nginx "$PROXY_GROUP" "nginx proxy, the same GET"
 measure patch-lockstep "$LOCKSTEP_GROUP" "lockstep, checked PATCH (SQLite)"
 measure patch-nginx "$PROXY_GROUP" "nginx proxy, the same PATCH"
 measure lock-lockstep "$LOCKSTEP_GROUP" "lockstep, lock acquire + release (SQLite)"

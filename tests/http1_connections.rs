@@ -1448,3 +1448,74 @@ async fn http2_begins_only_at_a_connections_first_byte() {
     // Any byte now (an HTTP/2 SETTINGS frame) fails this.
     conn.closed().await;
 }
+
+#[tokio::test]
+async fn a_backends_header_lines_reach_the_client_in_order_less_the_hop_by_hop_ones() {
+    // Lines in the backend's case and order; among them every hop-by-hop
+    // kind, one named by `Connection`, and a cookie on either side of them.
+    let upstream = raw_backend_closing(
+        b"HTTP/1.1 200 OK\r\n\
+          Set-Cookie: a=1\r\n\
+          X-Order: 1\r\n\
+          Connection: X-Private\r\n\
+          Set-Cookie: b=2\r\n\
+          X-Private: secret\r\n\
+          Keep-Alive: timeout=5\r\n\
+          Proxy-Connection: keep-alive\r\n\
+          Upgrade: h2c\r\n\
+          Trailer: X-T\r\n\
+          TE: trailers\r\n\
+          Date: Mon, 07 Dec 2026 01:02:03 GMT\r\n\
+          ETag: \"b\"\r\n\
+          Content-Length: 5\r\n\
+          \r\n\
+          hello",
+        false,
+    )
+    .await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{upstream}"))
+        .start();
+    let kept = [
+        ("set-cookie", "a=1"),
+        ("x-order", "1"),
+        ("set-cookie", "b=2"),
+        ("date", "Mon, 07 Dec 2026 01:02:03 GMT"),
+        ("etag", "\"b\""),
+        ("content-length", "5"),
+    ];
+    let lines = |answer: &Answer| -> Vec<(String, String)> { answer.headers.clone() };
+    let expected: Vec<(String, String)> = kept
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+
+    // HTTP/1.1, a GET and a HEAD on one connection: the backend's order,
+    // names in lower case, its own Date (and no second one), the length.
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send(format!(
+        "{}HEAD /plain/2 HTTP/1.1\r\nHost: x\r\n\r\n",
+        get("/plain/1")
+    ))
+    .await;
+    let answers = conn.answers(&["GET", "HEAD"]).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(lines(answer), expected, "{}", answer.head);
+    }
+    assert_eq!(answers[0].text(), "hello");
+    assert_eq!(answers[1].framing, Framing::NoBody);
+    assert_kept_alive(&answers);
+
+    // HTTP/1.0, served by hyper from a header map: the same lines, those
+    // of one name still in their order.
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send("GET /plain/3 HTTP/1.0\r\n\r\n").await;
+    let answer = conn.answer("GET").await;
+    let mut got = lines(&answer);
+    let mut want = expected.clone();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, want, "{}", answer.head);
+    assert_eq!(answer.text(), "hello");
+}

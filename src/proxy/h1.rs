@@ -27,7 +27,10 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
+
+use super::relayed::{self, Kind, Line, Relayed};
 use http::{Request, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -132,13 +135,11 @@ pub fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
 pub const UNASKED_SWITCH: &str =
     "the backend switched protocols, which the request did not ask for";
 
-/// Where a name or value sits in a head: its offset and length.
-type Span = (usize, usize);
-
 /// An answer's head, and how to read its body.
 pub struct Answer {
     pub status: StatusCode,
-    pub headers: HeaderMap,
+    /// Its header lines, as they came.
+    pub head: Relayed,
     framing: Framing,
     /// Whether the connection may carry another request after this answer.
     reusable: bool,
@@ -183,6 +184,8 @@ fn parse_head(
     to_head: bool,
     max_head: usize,
 ) -> Result<Option<Answer>, Failure> {
+    // The lines of a longer head could not be placed (see `relayed`).
+    let max_head = max_head.min(relayed::MAX_HEAD);
     loop {
         // Nothing read yet (the usual case right after the request went
         // out): nothing to parse.
@@ -194,13 +197,13 @@ fn parse_head(
         let len = match httparse::ParserConfig::default()
             .parse_response_with_uninit_headers(&mut resp, buf, &mut slots)
         {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if buf.len() >= max_head => {
+            Ok(httparse::Status::Complete(len)) if len <= max_head => len,
+            Ok(httparse::Status::Partial) if buf.len() < max_head => return Ok(None),
+            Ok(_) => {
                 return Err(Failure::Invalid(format!(
                     "answer head longer than {max_head} bytes"
                 )))
             }
-            Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(Failure::Invalid(format!("not an HTTP/1.1 answer: {e}"))),
         };
         let code = resp.code.unwrap_or(0);
@@ -218,67 +221,42 @@ fn parse_head(
         } else {
             Version::HTTP_11
         };
-        // Where each name and value sits in the head, so that the values
-        // can share its bytes (one buffer, no copy per header).
+        // Where each name and value sits in the head: the lines are kept
+        // as its bytes (see `relayed`).
         let base = buf.as_ptr() as usize;
-        let at = |s: &[u8]| ((s.as_ptr() as usize).wrapping_sub(base), s.len());
-        let spans: smallvec::SmallVec<[(Span, Span); 16]> = resp
+        let lines = resp
             .headers
             .iter()
-            .map(|h| (at(h.name.as_bytes()), at(h.value)))
-            .collect();
-        let head = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(spans.len());
-        for (name_span, value_span) in spans {
-            let name = span(&head, name_span)
-                .and_then(|n| HeaderName::from_bytes(&n).ok())
-                .ok_or_else(|| Failure::Invalid("an invalid header name in the answer".into()))?;
-            let value = span(&head, value_span)
-                .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
-                .ok_or_else(|| {
-                    Failure::Invalid(format!("an invalid {name} value in the answer"))
-                })?;
-            headers.append(name, value);
-        }
-        let framing = framing(&headers, status, to_head)?;
-        let reusable = keeps_alive(&headers, version) && !matches!(framing, Framing::Close);
+            .map(|h| Line::at(base, h.name.as_bytes(), h.value))
+            .collect::<Option<SmallVec<[Line; 12]>>>()
+            .ok_or_else(|| Failure::Invalid("an answer head out of bounds".into()))?;
+        let head = Relayed::new(buf.split_to(len).freeze(), lines);
+        let framing = framing(&head, status, to_head)?;
+        let reusable = keeps_alive(&head, version) && !matches!(framing, Framing::Close);
         return Ok(Some(Answer {
             status,
-            headers,
+            head,
             framing,
             reusable,
         }));
     }
 }
 
-/// The bytes of `head` at `(offset, length)`, sharing its buffer; `None`
-/// outside it (which httparse, whose slices all lie in the head, never
-/// gives: no panic on a request path, whatever it did).
-fn span(head: &Bytes, (at, len): Span) -> Option<Bytes> {
-    let end = at.checked_add(len)?;
-    (end <= head.len()).then(|| head.slice(at..end))
-}
-
 /// How the answer's body ends (RFC 9112 §6.3).
-fn framing(headers: &HeaderMap, status: StatusCode, to_head: bool) -> Result<Framing, Failure> {
+fn framing(head: &Relayed, status: StatusCode, to_head: bool) -> Result<Framing, Failure> {
     if to_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        let chunked = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .is_some_and(|v| super::headers::ends_in_chunked(v.as_bytes()));
-        return Ok(if chunked {
+    if let Some(last) = head.values(Kind::TransferEncoding).last() {
+        return Ok(if super::headers::ends_in_chunked(last) {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::Close
         });
     }
     let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
+    for value in head.values(Kind::ContentLength) {
+        for part in value.split(|b| *b == b',') {
             let part = part.trim_ascii();
             let n = (!part.is_empty() && part.iter().all(u8::is_ascii_digit))
                 .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
@@ -297,10 +275,10 @@ fn framing(headers: &HeaderMap, status: StatusCode, to_head: bool) -> Result<Fra
 
 /// Whether the answer lets the connection carry another request: HTTP/1.1
 /// unless `Connection: close`, HTTP/1.0 only with `Connection: keep-alive`.
-fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
-    use super::headers::connection_lists;
-    !connection_lists(headers, "close")
-        && (version == Version::HTTP_11 || connection_lists(headers, "keep-alive"))
+fn keeps_alive(head: &Relayed, version: Version) -> bool {
+    use super::headers::lists;
+    let says = |token| head.values(Kind::Connection).any(|v| lists(v, token));
+    !says("close") && (version == Version::HTTP_11 || says("keep-alive"))
 }
 
 /// How much of the body is left, and in what form.
@@ -588,6 +566,7 @@ fn trailer_map(fields: &[httparse::Header<'_>]) -> Option<HeaderMap> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use http::header;
     use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncReadExt, DuplexStream};
 
@@ -667,7 +646,9 @@ mod tests {
                 drop(conn);
             }
             Ok(answer) => {
-                outcome.answer = Ok((answer.status, answer.headers.clone()));
+                let mut headers = HeaderMap::new();
+                answer.head.append_to(&mut headers);
+                outcome.answer = Ok((answer.status, headers));
                 let mut body = Body::new(conn, &answer, bin.clone());
                 while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
                     match frame {
@@ -852,13 +833,17 @@ mod tests {
                 String::from_utf8_lossy(head)
             );
         }
+        // Over the limit, whole in one read or not.
         let long = [b"HTTP/1.1 200 OK\r\nX: ".as_slice(), &[b'a'; 5000]].concat();
-        let o = exchange_with(&[&long], false, false).await;
-        assert!(o
-            .answer
-            .err()
-            .unwrap_or_default()
-            .contains("longer than 4096"));
+        let whole = [long.as_slice(), b"\r\nContent-Length: 0\r\n\r\n"].concat();
+        for head in [long, whole] {
+            let o = exchange_with(&[&head], false, false).await;
+            assert!(o
+                .answer
+                .err()
+                .unwrap_or_default()
+                .contains("longer than 4096"));
+        }
         let o = exchange_with(
             &[b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello"],
             false,

@@ -29,7 +29,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // removing just those is cheaper than looking each of the seven up.
     let mut present = [false; HOPS];
     for name in headers.keys() {
-        if let Some(i) = hop_index(name) {
+        if let Some(i) = hop_index(name.as_str().as_bytes()) {
             present[i] = true;
         }
     }
@@ -59,7 +59,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             // token: a header of that name must go too.)
             .filter(|token| !token.eq_ignore_ascii_case("keep-alive"))
             .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-            .filter(|name| hop_index(name).is_none())
+            .filter(|name| hop_index(name.as_str().as_bytes()).is_none())
             .collect()
     } else {
         Vec::new()
@@ -74,21 +74,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Which of [`HOP_BY_HOP`] `name` is. A `match` on the lowercase name
-/// compiles to a length switch and one comparison, where comparing it with
-/// each of the seven `HeaderName`s took several; it runs for every header
-/// of every message in both directions.
-fn hop_index(name: &HeaderName) -> Option<usize> {
-    match name.as_str() {
-        "connection" => Some(0),
-        "proxy-connection" => Some(1),
-        "keep-alive" => Some(2),
-        "te" => Some(3),
-        "trailer" => Some(4),
-        "transfer-encoding" => Some(5),
-        "upgrade" => Some(6),
-        _ => None,
-    }
+/// Which of [`HOP_BY_HOP`] `name` is, in any case. A switch on the length
+/// and one comparison, where comparing it with each of the seven
+/// `HeaderName`s took several; it runs for every header of every message in
+/// both directions.
+pub fn hop_index(name: &[u8]) -> Option<usize> {
+    let (i, hop): (usize, &[u8]) = match name.len() {
+        10 if name[0].eq_ignore_ascii_case(&b'c') => (0, b"connection"),
+        16 => (1, b"proxy-connection"),
+        10 => (2, b"keep-alive"),
+        2 => (3, b"te"),
+        7 if name[0].eq_ignore_ascii_case(&b't') => (4, b"trailer"),
+        17 => (5, b"transfer-encoding"),
+        7 => (6, b"upgrade"),
+        _ => return None,
+    };
+    name.eq_ignore_ascii_case(hop).then_some(i)
 }
 
 /// The one protocol lockstep tunnels.
@@ -235,9 +236,23 @@ mod tests {
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-keep"));
 
-        // `hop_index` and `HOP_BY_HOP` name the same seven, in one order.
+        // `hop_index` and `HOP_BY_HOP` name the same seven, in one order,
+        // in any case; names of the same lengths are none of them.
         for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_index(name), Some(i), "{name}");
+            let name = name.as_str();
+            assert_eq!(hop_index(name.as_bytes()), Some(i), "{name}");
+            let upper = name.to_ascii_uppercase();
+            assert_eq!(hop_index(upper.as_bytes()), Some(i), "{upper}");
+        }
+        for other in [
+            "connectio_",
+            "keep-alivf",
+            "tf",
+            "trailex",
+            "upgradf",
+            "x-connection-hop",
+        ] {
+            assert_eq!(hop_index(other.as_bytes()), None, "{other}");
         }
 
         // Every token is a name to remove, `close` included.

@@ -12,6 +12,7 @@ mod h1;
 pub mod headers;
 pub mod metrics;
 mod pool;
+pub mod relayed;
 mod upgrade;
 
 pub use pool::PooledBody;
@@ -277,10 +278,26 @@ impl Upstream {
         req: Request<Body>,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
+        let mut resp = self.forward(req, not_after).await?;
+        relayed::materialize(&mut resp);
+        Ok(resp)
+    }
+
+    /// Sends a prepared request: the answer's header lines may still be
+    /// the backend's bytes ([`relayed`]), less the hop-by-hop ones.
+    async fn forward(
+        &self,
+        req: Request<Body>,
+        not_after: Option<Instant>,
+    ) -> Result<Response<PooledBody>, ForwardError> {
         let started = Instant::now();
         let result = self.pool.send(req, not_after).await.map(|mut resp| {
-            headers::drop_length_beside_transfer_encoding(resp.headers_mut());
-            headers::strip_hop_by_hop(resp.headers_mut());
+            if let Some(lines) = resp.extensions_mut().get_mut::<relayed::Relayed>() {
+                lines.strip_hop_by_hop();
+            } else {
+                headers::drop_length_beside_transfer_encoding(resp.headers_mut());
+                headers::strip_hop_by_hop(resp.headers_mut());
+            }
             resp
         });
         match &result {
@@ -297,8 +314,10 @@ impl Upstream {
 
 impl Upstream {
     /// Forwards a request that is not lockstep's business: path and query
-    /// byte for byte, bodies streamed both ways. A failure is the error the
-    /// client is answered with (502/504); the caller renders it.
+    /// byte for byte, bodies streamed both ways, the answer's header lines
+    /// kept as bytes where they came so ([`relayed`]: read its headers
+    /// through that module's functions). A failure is the error the client
+    /// is answered with (502/504); the caller renders it.
     pub async fn passthrough(
         &self,
         req: Request<Body>,
@@ -311,7 +330,7 @@ impl Upstream {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut fwd = req;
         self.prepare(&mut fwd, pq, inbound);
-        match self.send(fwd).await {
+        match self.forward(fwd, None).await {
             Ok(resp) => Ok(resp.map(crate::body::boxed)),
             Err(e) => {
                 tracing::warn!(error = ?e, "passthrough request failed");

@@ -74,7 +74,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -220,14 +220,17 @@ impl<C: Pooled> Idle<C> {
 /// `Keep-Alive: timeout=N` (seconds): half a second less for N = 1, a
 /// second less from N = 2 on, so lockstep lets go of it before the backend
 /// closes it. `None` when the header names no timeout.
-fn keep_alive_for(value: &HeaderValue) -> Option<Duration> {
-    let seconds = value.to_str().ok()?.split(',').find_map(|param| {
-        let (name, value) = param.split_once('=')?;
-        if !name.trim().eq_ignore_ascii_case("timeout") {
-            return None;
-        }
-        value.trim().trim_matches('"').parse::<u64>().ok()
-    })?;
+fn keep_alive_for(value: &[u8]) -> Option<Duration> {
+    let seconds = std::str::from_utf8(value)
+        .ok()?
+        .split(',')
+        .find_map(|param| {
+            let (name, value) = param.split_once('=')?;
+            if !name.trim().eq_ignore_ascii_case("timeout") {
+                return None;
+            }
+            value.trim().trim_matches('"').parse::<u64>().ok()
+        })?;
     let ms = seconds.saturating_mul(1000);
     Some(Duration::from_millis(ms - (ms / 2).min(1000)))
 }
@@ -331,7 +334,7 @@ impl Pool {
     ) -> Result<Response<PooledBody>, ForwardError> {
         use http_body::Body as _;
         if is_safe(req.method()) && req.body().is_end_stream() {
-            return self.send_lean(&req, not_after).await;
+            return self.send_lean(req, not_after).await;
         }
         let max_idle_age = if is_safe(req.method()) {
             Duration::MAX
@@ -360,7 +363,7 @@ impl Pool {
                 }
                 Ok(resp) => {
                     if let Some(value) = resp.headers().get(KEEP_ALIVE) {
-                        conn.keep_alive = keep_alive_for(value);
+                        conn.keep_alive = keep_alive_for(value.as_bytes());
                     }
                     let back = GiveBack {
                         conn,
@@ -389,10 +392,10 @@ impl Pool {
     /// before a whole answer head came (see the module docs).
     async fn send_lean(
         &self,
-        req: &Request<Body>,
+        req: Request<Body>,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
-        let head = h1::encode_head(req);
+        let head = h1::encode_head(&req);
         let to_head = req.method() == Method::HEAD;
         // After a repeat: a new connection, not another idle one (a backend
         // that restarted closed them all), and what is left of the first
@@ -415,7 +418,7 @@ impl Pool {
             .map_err(|_| ForwardError::Timeout)?;
             match exchanged {
                 Ok(answer) => {
-                    if let Some(value) = answer.headers.get(KEEP_ALIVE) {
+                    if let Some(value) = answer.head.get("keep-alive") {
                         conn.keep_alive = keep_alive_for(value);
                     }
                     let back = LeanBack {
@@ -424,9 +427,16 @@ impl Pool {
                         pool: Arc::downgrade(&self.shared),
                     };
                     let body = h1::Body::new(conn.conn, &answer, back);
+                    // The header lines stay bytes (see `relayed`). The
+                    // answer's map starts as the request's, emptied: what
+                    // lockstep adds goes in without an allocation, and the
+                    // server reads the next request's headers into it.
+                    let mut headers = req.into_parts().0.headers;
+                    headers.clear();
                     let mut resp = Response::new(PooledBody::lean(body));
                     *resp.status_mut() = answer.status;
-                    *resp.headers_mut() = answer.headers;
+                    *resp.headers_mut() = headers;
+                    resp.extensions_mut().insert(answer.head);
                     return Ok(resp);
                 }
                 Err(h1::Failure::Closed(message)) if reused && repeat.is_none() => {
@@ -819,9 +829,8 @@ mod tests {
             ("", None),
         ];
         for (header, expected) in cases {
-            let value = HeaderValue::from_static(header);
             assert_eq!(
-                keep_alive_for(&value),
+                keep_alive_for(header.as_bytes()),
                 expected.map(Duration::from_millis),
                 "{header:?}"
             );

@@ -43,6 +43,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use super::Handler;
 use crate::body::{self, Body};
 use crate::proxy::headers::{ends_in_chunked, lists};
+use crate::proxy::relayed::Relayed;
 
 /// hyper's default: more headers than this are its to refuse.
 const MAX_HEADERS: usize = 100;
@@ -407,10 +408,12 @@ where
         }
     };
     out.clear();
+    let relayed = parts.extensions.remove::<Relayed>();
     let (framing, keep_alive) = encode_head(
         out,
         parts.status,
         &mut parts.headers,
+        relayed.as_ref(),
         length,
         is_head,
         keep_alive,
@@ -529,6 +532,7 @@ fn encode_head(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &mut HeaderMap,
+    relayed: Option<&Relayed>,
     length: BodyLength,
     is_head: bool,
     mut keep_alive: bool,
@@ -661,6 +665,16 @@ fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     close_line(out, &mut open_line, &mut end_chunked);
+    if let Some(relayed) = relayed {
+        write_relayed(
+            out,
+            relayed,
+            length,
+            is_head,
+            &mut framing,
+            &mut wrote_length,
+        );
+    }
 
     if !wrote_length {
         framing = match length {
@@ -689,6 +703,57 @@ fn encode_head(
     }
     out.extend_from_slice(b"\r\n");
     Ok((framing, keep_alive))
+}
+
+/// Writes a backend's header lines after the map's, names in lower case as
+/// hyper writes a map's. They hold no hop-by-hop line (`Relayed` lost
+/// those in the proxy), so the one framing header among them is
+/// `Content-Length`, written once: on a HEAD's answer as it came (it tells
+/// the GET's length), on any other from the body's own length (which the
+/// backend's header decided) or, dropped, for an empty body.
+fn write_relayed(
+    out: &mut Vec<u8>,
+    relayed: &Relayed,
+    length: BodyLength,
+    is_head: bool,
+    framing: &mut Framing,
+    wrote_length: &mut bool,
+) {
+    for (name, value) in relayed.iter() {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            if *wrote_length {
+                continue;
+            }
+            if is_head {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(value);
+            } else if let Some(n) = match length {
+                BodyLength::Known(n) => Some(n),
+                // A body that does not know its length is taken at the
+                // header's word, as hyper takes it.
+                BodyLength::Unknown => std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok()),
+                // An empty body gets `content-length: 0` below.
+                BodyLength::Empty => None,
+            } {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                *framing = Framing::Length(n);
+            } else {
+                continue;
+            }
+            out.extend_from_slice(b"\r\n");
+            *wrote_length = true;
+            continue;
+        }
+        let at = out.len();
+        out.extend_from_slice(name);
+        out[at..].make_ascii_lowercase();
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 fn open(out: &mut Vec<u8>, name: &str, value: &HeaderValue) {
@@ -845,14 +910,27 @@ mod tests {
                     HeaderValue::from_static("Mon, 07 Dec 2026 00:00:00 GMT"),
                 );
                 let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-                if parts.len() != 3 {
+                if parts.len() < 3 {
                     *resp.body_mut() = body::full("end");
                     return resp;
                 }
                 *resp.status_mut() = StatusCode::from_u16(parts[0].parse().unwrap()).unwrap();
-                for (name, value) in headers_set(parts[2].parse().unwrap()) {
-                    resp.headers_mut()
-                        .append(name, HeaderValue::from_static(value));
+                let set = headers_set(parts[2].parse().unwrap());
+                if parts.get(3) == Some(&"relayed") {
+                    // As a backend's answer comes through the proxy: lines
+                    // in the backend's case, kept as bytes.
+                    let names: Vec<String> = set.iter().map(|(n, _)| n.to_uppercase()).collect();
+                    let pairs: Vec<(&str, &str)> = names
+                        .iter()
+                        .zip(&set)
+                        .map(|(n, (_, v))| (n.as_str(), *v))
+                        .collect();
+                    resp.extensions_mut().insert(Relayed::from_pairs(&pairs));
+                } else {
+                    for (name, value) in set {
+                        resp.headers_mut()
+                            .append(name, HeaderValue::from_static(value));
+                    }
                 }
                 let data = |s: &'static str| Frame::data(Bytes::from_static(s.as_bytes()));
                 *resp.body_mut() = match parts[1] {
@@ -932,7 +1010,9 @@ mod tests {
             let service =
                 hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
                     let req = req.map(body::boxed);
-                    Ok::<_, Infallible>(Scripted.call(req, peer()).await)
+                    let mut resp = Scripted.call(req, peer()).await;
+                    crate::proxy::relayed::materialize(&mut resp);
+                    Ok::<_, Infallible>(resp)
                 });
             let _ = hyper::server::conn::http1::Builder::new()
                 .auto_date_header(false)
@@ -1000,6 +1080,61 @@ mod tests {
             }
         }
         assert!(cases > 1000, "{cases}");
+    }
+
+    /// The answer heads in `wire`, each with its header lines sorted by
+    /// name (a stable sort: lines of one name keep their order).
+    fn heads_sorted(wire: &str) -> String {
+        let mut out = String::new();
+        for (i, part) in wire.split("\r\n\r\n").enumerate() {
+            let mut lines: Vec<&str> = part.split("\r\n").collect();
+            if lines.first().is_some_and(|l| l.contains("HTTP/1.1 ")) {
+                lines[1..].sort_by_key(|l| l.split(':').next().unwrap_or_default().to_owned());
+            }
+            if i > 0 {
+                out.push_str("\r\n\r\n");
+            }
+            out.push_str(&lines.join("\r\n"));
+        }
+        out
+    }
+
+    /// A backend's header lines kept as bytes (`Relayed`) come out as hyper
+    /// writes them once they are a map, but for the order of lines of
+    /// different names: ours keep the backend's order, a map groups lines
+    /// by name.
+    #[tokio::test]
+    async fn relayed_lines_are_written_as_hyper_writes_their_map() {
+        let mut cases = 0;
+        for status in [200, 204, 304, 404] {
+            for kind in [Kind::Empty, Kind::Full, Kind::Stream, Kind::Big] {
+                // Sets a backend's answer keeps through the proxy: no
+                // hop-by-hop header; a length that is the body's.
+                for set in [0, 1, 7] {
+                    if set == 1 && !matches!(kind, Kind::Full | Kind::Stream) {
+                        continue;
+                    }
+                    for method in ["GET", "HEAD"] {
+                        let input = format!(
+                            "{method} /{status}/{kind:?}/{set}/relayed HTTP/1.1\r\nHost: x\r\n\r\n\
+                             GET /end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                        );
+                        let a = ours(input.as_bytes()).await;
+                        let b = hypers(input.as_bytes()).await;
+                        let (a, b) = (String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+                        assert_eq!(heads_sorted(&a), heads_sorted(&b), "for {input:?}");
+                        if set == 7 && status != 304 {
+                            assert!(
+                                a.contains("set-cookie: a=1\r\nx-a: 1\r\nset-cookie: b=2\r\n"),
+                                "the backend's order: {a:?}"
+                            );
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert!(cases > 50, "{cases}");
     }
 
     #[tokio::test]

@@ -37,7 +37,7 @@ use tracing::Instrument;
 
 use crate::body::Body;
 use crate::config::ConnLimits;
-use crate::proxy::Tunnels;
+use crate::proxy::{relayed, Tunnels};
 use crate::telemetry;
 
 /// Connection-level limits, and TLS when the listener serves it.
@@ -282,7 +282,12 @@ impl<H: Handler> Connection<H> {
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let handler = handler.clone();
             let req = req.map(crate::body::boxed);
-            async move { Ok::<_, Infallible>(answer(&*handler, name, req, peer).await) }
+            async move {
+                // hyper writes header maps only.
+                let mut resp = answer(&*handler, name, req, peer).await;
+                relayed::materialize(&mut resp);
+                Ok::<_, Infallible>(resp)
+            }
         });
         let io = TokioIo::new(unparsable::ProblemAnswers::new(io));
         let result = if http2 {

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::locks::Locks;
 use crate::metrics::{self, HttpMetrics, Metrics, RequestKind};
 use crate::problem;
-use crate::proxy::{headers, Inbound, Tunnels, Upstream};
+use crate::proxy::{headers, relayed, Inbound, Tunnels, Upstream};
 use crate::resources::{ResourceMap, Route};
 use crate::store::Store;
 use crate::telemetry;
@@ -145,7 +145,7 @@ impl ProxyRouter {
             // issued, so none can be sent back in an If-Match by mistake.
             Err(req) => {
                 let mut resp = self.passthrough(req, inbound, started).await;
-                resp.headers_mut().remove(header::ETAG);
+                relayed::remove(&mut resp, &header::ETAG);
                 (RequestKind::Passthrough, resp)
             }
         }

@@ -25,6 +25,7 @@ use http::{Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::problem::{Problem, CONTENT_TYPE};
+use crate::proxy::relayed;
 
 /// hyper's answers to unparsable requests (with its `Date` off), and what
 /// lockstep says instead.
@@ -201,7 +202,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ProblemAnswers<I> {
 /// Gives `resp` a `Date` when it has none, as hyper would have (see the
 /// module docs for why hyper no longer does).
 pub fn with_date<B>(mut resp: Response<B>) -> Response<B> {
-    if !resp.headers().contains_key(DATE) {
+    if !relayed::contains(&resp, &DATE) {
         resp.headers_mut().insert(DATE, http_date());
     }
     resp

@@ -1,0 +1,375 @@
+//! A backend answer's header lines kept as the bytes they came in: the
+//! answer's head and where each line's name and value sit in it.
+//!
+//! Why: a passthrough hands the backend's headers on unchanged, less the
+//! hop-by-hop ones. Building an `http::HeaderMap` from them (a name parsed,
+//! a value checked and shared, a hash and an insert per line), then taking
+//! it apart again to write the client's answer, was a quarter of
+//! lockstep's user-space instructions on a proxied 2 KiB read
+//! (docs/performance.md). Kept as spans, the lines are copied from the
+//! backend's head into the client's answer.
+//!
+//! How it travels: as an extension of the answer's `Response`, beside its
+//! header map, which then holds only what lockstep itself adds (a `Date`
+//! where the backend sent none). A map is built from the lines
+//! ([`materialize`]) wherever one is read: the versioning wing's reads, and
+//! hyper's servers (HTTP/2, and the HTTP/1 requests `server::h1`'s loop
+//! hands over). Only `server::h1` writes the lines themselves. Code between
+//! the backend and the client that looks a header up uses [`contains`] and
+//! [`remove`], which see both.
+//!
+//! What the lines are: every field line of an answer head that httparse
+//! accepted, so every name is a token and every value is made of the bytes
+//! a `HeaderValue` allows; hop-by-hop lines are taken out by
+//! [`Relayed::strip_hop_by_hop`] before the answer leaves the proxy.
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::Response;
+use smallvec::SmallVec;
+
+use super::headers;
+
+/// The names lockstep's rules read, told apart once per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Other,
+    Date,
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    KeepAlive,
+    /// `TE`, `Trailer`, `Upgrade`, `Proxy-Connection`: hop-by-hop, and
+    /// read by no rule here.
+    OtherHop,
+}
+
+impl Kind {
+    /// Which of them `name` is, in any case: a switch on the length and
+    /// one comparison.
+    pub(super) fn of(name: &[u8]) -> Kind {
+        let (kind, known): (Kind, &[u8]) = match name.len() {
+            4 => (Kind::Date, b"date"),
+            14 => (Kind::ContentLength, b"content-length"),
+            17 => (Kind::TransferEncoding, b"transfer-encoding"),
+            10 if name[0].eq_ignore_ascii_case(&b'c') => (Kind::Connection, b"connection"),
+            10 => (Kind::KeepAlive, b"keep-alive"),
+            2 | 7 | 16 if headers::hop_index(name).is_some() => return Kind::OtherHop,
+            _ => return Kind::Other,
+        };
+        if name.eq_ignore_ascii_case(known) {
+            kind
+        } else {
+            Kind::Other
+        }
+    }
+
+    fn is_hop(self) -> bool {
+        matches!(
+            self,
+            Kind::TransferEncoding | Kind::Connection | Kind::KeepAlive | Kind::OtherHop
+        )
+    }
+}
+
+/// Where one field line's name and value sit in the head, and which name
+/// it has. Offsets and lengths are `u16`: the client reads a head of at
+/// most 64 KiB ([`MAX_HEAD`]), and a small line keeps the answer small as it
+/// moves from the exchange to the client's connection.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Line {
+    name: (u16, u16),
+    value: (u16, u16),
+    pub(super) kind: Kind,
+}
+
+/// The longest head whose lines [`Line`] can place.
+pub(super) const MAX_HEAD: usize = u16::MAX as usize;
+
+impl Line {
+    /// The line whose name and value are the slices `name` and `value` of
+    /// the buffer that starts at address `base`; `None` when either lies
+    /// outside it or past [`MAX_HEAD`].
+    pub(super) fn at(base: usize, name: &[u8], value: &[u8]) -> Option<Self> {
+        let span = |s: &[u8]| -> Option<(u16, u16)> {
+            let at = (s.as_ptr() as usize).checked_sub(base)?;
+            Some((u16::try_from(at).ok()?, u16::try_from(s.len()).ok()?))
+        };
+        Some(Self {
+            name: span(name)?,
+            value: span(value)?,
+            kind: Kind::of(name),
+        })
+    }
+}
+
+/// The header lines of a backend's answer, in the order they came.
+#[derive(Debug, Clone)]
+pub struct Relayed {
+    head: Bytes,
+    lines: SmallVec<[Line; 12]>,
+}
+
+impl Relayed {
+    /// The lines `lines` of `head`. A line outside `head` is dropped when
+    /// read (httparse, whose slices all lie in the head, gives none).
+    pub(super) fn new(head: Bytes, lines: SmallVec<[Line; 12]>) -> Self {
+        Self { head, lines }
+    }
+
+    fn bytes(&self, (at, len): (u16, u16)) -> Option<&[u8]> {
+        let at = usize::from(at);
+        self.head.get(at..at + usize::from(len))
+    }
+
+    /// Each line's name (as it came, in any case) and value.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.lines
+            .iter()
+            .filter_map(|l| Some((self.bytes(l.name)?, self.bytes(l.value)?)))
+    }
+
+    /// The values of the lines of kind `kind`, in order.
+    pub(super) fn values(&self, kind: Kind) -> impl Iterator<Item = &[u8]> + '_ {
+        self.lines
+            .iter()
+            .filter(move |l| l.kind == kind)
+            .filter_map(|l| self.bytes(l.value))
+    }
+
+    /// Whether `line` is named `name` (lower-case), whose kind is `kind`.
+    fn named(&self, line: &Line, name: &str, kind: Kind) -> bool {
+        if kind == Kind::Other {
+            self.bytes(line.name)
+                .is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+        } else {
+            line.kind == kind
+        }
+    }
+
+    /// The first value named `name` (lower-case).
+    pub fn get<'a>(&'a self, name: &str) -> Option<&'a [u8]> {
+        let kind = Kind::of(name.as_bytes());
+        self.lines
+            .iter()
+            .find(|l| self.named(l, name, kind))
+            .and_then(|l| self.bytes(l.value))
+    }
+
+    /// Whether a line is named `name` (lower-case).
+    pub fn contains(&self, name: &str) -> bool {
+        let kind = Kind::of(name.as_bytes());
+        self.lines.iter().any(|l| self.named(l, name, kind))
+    }
+
+    /// Takes out every line named `name` (lower-case).
+    pub fn remove(&mut self, name: &str) {
+        let kind = Kind::of(name.as_bytes());
+        let gone: SmallVec<[bool; 12]> = self
+            .lines
+            .iter()
+            .map(|l| self.named(l, name, kind))
+            .collect();
+        let mut gone = gone.into_iter();
+        self.lines.retain(|_| gone.next() == Some(false));
+    }
+
+    /// Takes out the hop-by-hop lines, as [`headers::strip_hop_by_hop`]
+    /// does for a map (those named in `Connection` too), and a
+    /// `Content-Length` beside a `Transfer-Encoding`, as
+    /// [`headers::drop_length_beside_transfer_encoding`] does.
+    pub fn strip_hop_by_hop(&mut self) {
+        if !self.lines.iter().any(|l| l.kind.is_hop()) {
+            return;
+        }
+        let coded = self.lines.iter().any(|l| l.kind == Kind::TransferEncoding);
+        // The names `Connection` lists (`Connection: keep-alive`, what most
+        // backends send, names none but a hop-by-hop one).
+        let listed: SmallVec<[&[u8]; 4]> = self
+            .values(Kind::Connection)
+            .flat_map(|v| v.split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive"))
+            .collect();
+        let gone: SmallVec<[bool; 12]> = self
+            .lines
+            .iter()
+            .map(|l| {
+                l.kind.is_hop()
+                    || (coded && l.kind == Kind::ContentLength)
+                    || (!listed.is_empty()
+                        && self
+                            .bytes(l.name)
+                            .is_none_or(|n| listed.iter().any(|t| t.eq_ignore_ascii_case(n))))
+            })
+            .collect();
+        drop(listed);
+        let mut gone = gone.into_iter();
+        self.lines.retain(|_| gone.next() == Some(false));
+    }
+
+    /// Appends the lines to `map`: names in lower case, values sharing the
+    /// head's bytes.
+    pub fn append_to(&self, map: &mut HeaderMap) {
+        map.reserve(self.lines.len());
+        for l in &self.lines {
+            let (at, len) = (usize::from(l.value.0), usize::from(l.value.1));
+            let (Some(name), Some(_)) = (self.bytes(l.name), self.bytes(l.value)) else {
+                continue;
+            };
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name),
+                HeaderValue::from_maybe_shared(self.head.slice(at..at + len)),
+            ) else {
+                continue;
+            };
+            map.append(name, value);
+        }
+    }
+
+    /// Lines from `(name, value)` pairs, as a backend would send them.
+    #[cfg(test)]
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Self {
+        let mut head = Vec::new();
+        let mut lines = SmallVec::new();
+        for (name, value) in pairs {
+            let n = (head.len() as u16, name.len() as u16);
+            head.extend_from_slice(name.as_bytes());
+            head.extend_from_slice(b": ");
+            let v = (head.len() as u16, value.len() as u16);
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+            lines.push(Line {
+                name: n,
+                value: v,
+                kind: Kind::of(name.as_bytes()),
+            });
+        }
+        Self::new(Bytes::from(head), lines)
+    }
+}
+
+/// Moves the relayed lines of `resp`, if it has any, into its header map.
+pub fn materialize<B>(resp: &mut Response<B>) {
+    if let Some(relayed) = resp.extensions_mut().remove::<Relayed>() {
+        relayed.append_to(resp.headers_mut());
+    }
+}
+
+/// Whether `resp` has a header `name`, in its map or among its relayed lines.
+pub fn contains<B>(resp: &Response<B>, name: &HeaderName) -> bool {
+    resp.headers().contains_key(name)
+        || resp
+            .extensions()
+            .get::<Relayed>()
+            .is_some_and(|r| r.contains(name.as_str()))
+}
+
+/// Takes every header `name` out of `resp`, its map and its relayed lines.
+pub fn remove<B>(resp: &mut Response<B>, name: &HeaderName) {
+    resp.headers_mut().remove(name);
+    if let Some(relayed) = resp.extensions_mut().get_mut::<Relayed>() {
+        relayed.remove(name.as_str());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn map_of(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    /// The lines keep what a header map keeps through the proxy's rules:
+    /// hop-by-hop names in any case, the names `Connection` lists, a
+    /// length beside a coding.
+    #[test]
+    fn stripping_lines_keeps_what_stripping_a_map_keeps() {
+        let sets: [&[(&str, &str)]; 7] = [
+            &[("Content-Type", "a/b"), ("Content-Length", "5")],
+            &[
+                ("Connection", "keep-alive"),
+                ("Keep-Alive", "timeout=5"),
+                ("X-A", "1"),
+            ],
+            &[
+                ("CONNECTION", "X-Secret, close"),
+                ("x-secret", "1"),
+                ("Close", "2"),
+                ("X-B", "1"),
+            ],
+            &[
+                ("Transfer-Encoding", "chunked"),
+                ("Content-Length", "5"),
+                ("X-C", "1"),
+            ],
+            &[
+                ("TE", "trailers"),
+                ("Trailer", "x"),
+                ("Upgrade", "h2c"),
+                ("Proxy-Connection", "x"),
+            ],
+            &[
+                ("Set-Cookie", "a"),
+                ("X-D", "1"),
+                ("Set-Cookie", "b"),
+                ("Connection", " , "),
+            ],
+            &[
+                ("Connection", "x-e"),
+                ("Connection", "X-F"),
+                ("x-e", "1"),
+                ("X-f", "2"),
+                ("X-g", "3"),
+            ],
+        ];
+        for pairs in sets {
+            let mut relayed = Relayed::from_pairs(pairs);
+            relayed.strip_hop_by_hop();
+            let mut ours = HeaderMap::new();
+            relayed.append_to(&mut ours);
+            let mut theirs = map_of(pairs);
+            headers::drop_length_beside_transfer_encoding(&mut theirs);
+            headers::strip_hop_by_hop(&mut theirs);
+            assert_eq!(ours, theirs, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn lookups_ignore_case_and_removal_takes_every_line() {
+        let mut relayed =
+            Relayed::from_pairs(&[("ETag", "\"x\""), ("X-A", "1"), ("etag", "\"y\"")]);
+        assert_eq!(relayed.get("etag"), Some(&b"\"x\""[..]));
+        relayed.remove("etag");
+        assert!(!relayed.contains("etag"));
+        assert_eq!(
+            relayed.iter().collect::<Vec<_>>(),
+            [(&b"X-A"[..], &b"1"[..])]
+        );
+        let relayed = Relayed::from_pairs(&[("DATE", "1"), ("Content-Length", "2")]);
+        assert_eq!(relayed.get("date"), Some(&b"1"[..]));
+        assert_eq!(relayed.get("content-length"), Some(&b"2"[..]));
+        assert!(!relayed.contains("dat"));
+
+        let mut resp = Response::new(());
+        resp.extensions_mut()
+            .insert(Relayed::from_pairs(&[("Date", "x")]));
+        assert!(contains(&resp, &http::header::DATE));
+        remove(&mut resp, &http::header::DATE);
+        assert!(!contains(&resp, &http::header::DATE));
+        resp.extensions_mut()
+            .insert(Relayed::from_pairs(&[("X-Z", "1")]));
+        materialize(&mut resp);
+        assert_eq!(resp.headers()["x-z"], "1");
+        assert!(resp.extensions().get::<Relayed>().is_none());
+    }
+}
