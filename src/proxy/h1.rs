@@ -14,7 +14,8 @@
 //!
 //! What it keeps of hyper's reading (RFC 9112): the head is parsed by
 //! httparse, as hyper parses it, with the same strictness (no obsolete line
-//! folding, no space before a colon); `1xx` answers other than `101` are
+//! folding, no space before a colon), and its lines are kept as its bytes
+//! (`relayed.rs`: no header map unless one is read); `1xx` answers other than `101` are
 //! skipped; the body's length comes from `Transfer-Encoding` (chunked last:
 //! chunks; anything else: until the close), else from `Content-Length` (every
 //! value equal, digits only), else from the close; the answer to a `HEAD`,

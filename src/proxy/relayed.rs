@@ -28,8 +28,6 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Response;
 use smallvec::SmallVec;
 
-use super::headers;
-
 /// The names lockstep's rules read, told apart once per line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -45,19 +43,26 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    /// Which of them `name` is, in any case: a switch on the length and
-    /// one comparison.
+    /// Which of them `name` is, in any case: a switch on the length and the
+    /// first letter, then one comparison. Most names (`Content-Type`,
+    /// `ETag`, `Server`) are told apart by the switch alone.
     pub(super) fn of(name: &[u8]) -> Kind {
-        let (kind, known): (Kind, &[u8]) = match name.len() {
-            4 => (Kind::Date, b"date"),
-            14 => (Kind::ContentLength, b"content-length"),
-            17 => (Kind::TransferEncoding, b"transfer-encoding"),
-            10 if name[0].eq_ignore_ascii_case(&b'c') => (Kind::Connection, b"connection"),
-            10 => (Kind::KeepAlive, b"keep-alive"),
-            2 | 7 | 16 if headers::hop_index(name).is_some() => return Kind::OtherHop,
+        let Some(first) = name.first().map(u8::to_ascii_lowercase) else {
+            return Kind::Other;
+        };
+        let (kind, known): (Kind, &[u8]) = match (name.len(), first) {
+            (4, b'd') => (Kind::Date, b"date"),
+            (14, b'c') => (Kind::ContentLength, b"content-length"),
+            (17, b't') => (Kind::TransferEncoding, b"transfer-encoding"),
+            (10, b'c') => (Kind::Connection, b"connection"),
+            (10, b'k') => (Kind::KeepAlive, b"keep-alive"),
+            (2, b't') => (Kind::OtherHop, b"te"),
+            (7, b't') => (Kind::OtherHop, b"trailer"),
+            (7, b'u') => (Kind::OtherHop, b"upgrade"),
+            (16, b'p') => (Kind::OtherHop, b"proxy-connection"),
             _ => return Kind::Other,
         };
-        if name.eq_ignore_ascii_case(known) {
+        if is(name, known) {
             kind
         } else {
             Kind::Other
@@ -70,6 +75,21 @@ impl Kind {
             Kind::TransferEncoding | Kind::Connection | Kind::KeepAlive | Kind::OtherHop
         )
     }
+}
+
+/// Whether the token `name` is `known` (lower-case letters and `-`) in any
+/// case, without a branch per byte. `| 0x20` lower-cases a letter; of the
+/// bytes a token may hold, only a letter's two cases become a letter so,
+/// `-` stays itself, and the one byte that would become `-` (CR) is no
+/// token character (RFC 9110 §5.6.2: httparse refuses it in a name, and
+/// every other name here is one of lockstep's own).
+fn is(name: &[u8], known: &[u8]) -> bool {
+    name.len() == known.len()
+        && name
+            .iter()
+            .zip(known)
+            .fold(0u8, |diff, (n, k)| diff | ((n | 0x20) ^ k))
+            == 0
 }
 
 /// Where one field line's name and value sit in the head, and which name
@@ -174,10 +194,10 @@ impl Relayed {
         self.lines.retain(|_| gone.next() == Some(false));
     }
 
-    /// Takes out the hop-by-hop lines, as [`headers::strip_hop_by_hop`]
+    /// Takes out the hop-by-hop lines, as [`strip_hop_by_hop`](super::headers::strip_hop_by_hop)
     /// does for a map (those named in `Connection` too), and a
     /// `Content-Length` beside a `Transfer-Encoding`, as
-    /// [`headers::drop_length_beside_transfer_encoding`] does.
+    /// [`drop_length_beside_transfer_encoding`](super::headers::drop_length_beside_transfer_encoding) does.
     pub fn strip_hop_by_hop(&mut self) {
         if !self.lines.iter().any(|l| l.kind.is_hop()) {
             return;
@@ -277,6 +297,7 @@ pub fn remove<B>(resp: &mut Response<B>, name: &HeaderName) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::proxy::headers;
 
     fn map_of(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -342,6 +363,61 @@ mod tests {
             headers::strip_hop_by_hop(&mut theirs);
             assert_eq!(ours, theirs, "{pairs:?}");
         }
+    }
+
+    /// The kinds name the same hop-by-hop headers as the map's rules, in
+    /// any case, and nothing else.
+    #[test]
+    fn the_kinds_agree_with_the_hop_by_hop_list() {
+        let names = [
+            "connection",
+            "proxy-connection",
+            "keep-alive",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "date",
+            "content-length",
+            "content-type",
+            "etag",
+            "server",
+            "t",
+            "tf",
+            "trailex",
+            "upgradf",
+            "keep-alivf",
+            "connectioo",
+            "proxy-connectiox",
+            "transfer-encodinf",
+            "",
+            "x",
+        ];
+        for name in names {
+            for name in [name.to_string(), name.to_ascii_uppercase()] {
+                assert_eq!(
+                    Kind::of(name.as_bytes()).is_hop(),
+                    headers::hop_index(name.as_bytes()).is_some(),
+                    "{name}"
+                );
+            }
+        }
+        assert_eq!(Kind::of(b"DATE"), Kind::Date);
+        assert_eq!(Kind::of(b"Content-Length"), Kind::ContentLength);
+        assert_eq!(Kind::of(b"Content-Lengtx"), Kind::Other);
+        // `|` folds only a letter's two cases together, whatever other
+        // token characters stand where a letter or `-` is expected.
+        for other in [
+            &b"content_length"[..],
+            b"content.length",
+            b"Content-Lengt^",
+            b"Content-Lengt~",
+        ] {
+            assert_eq!(Kind::of(other), Kind::Other, "{other:?}");
+        }
+        assert!(is(b"KeEp-AlIvE", b"keep-alive"));
+        assert!(!is(b"keep_alive", b"keep-alive"));
+        assert!(!is(b"keep-aliv", b"keep-alive"));
     }
 
     #[test]
