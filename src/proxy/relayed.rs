@@ -228,6 +228,77 @@ impl Relayed {
         self.lines.retain(|_| gone.next() == Some(false));
     }
 
+    /// The first `Content-Length` value.
+    pub fn content_length(&self) -> Option<&[u8]> {
+        self.values(Kind::ContentLength).next()
+    }
+
+    /// Writes every line but `Content-Length`'s to `out`, as `name: value`
+    /// and CRLF, names in lower case. A line that came exactly so is copied
+    /// as it came, and a run of such lines in one copy: most backends write
+    /// every line so, and most lines are kept.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        let lines = &self.lines[..];
+        let mut i = 0;
+        while i < lines.len() {
+            if lines[i].kind == Kind::ContentLength {
+                i += 1;
+                continue;
+            }
+            let start = usize::from(lines[i].name.0);
+            let (mut end, mut j) = (start, i);
+            while let Some(line) = lines.get(j) {
+                match self.whole(line) {
+                    Some(next)
+                        if line.kind != Kind::ContentLength && usize::from(line.name.0) == end =>
+                    {
+                        end = next;
+                        j += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let at = out.len();
+            match self.head.get(start..end) {
+                Some(run) if j > i => {
+                    out.extend_from_slice(run);
+                    for line in &lines[i..j] {
+                        let name = at + usize::from(line.name.0) - start;
+                        if let Some(name) = out.get_mut(name..name + usize::from(line.name.1)) {
+                            name.make_ascii_lowercase();
+                        }
+                    }
+                    i = j;
+                }
+                _ => {
+                    if let (Some(name), Some(value)) =
+                        (self.bytes(lines[i].name), self.bytes(lines[i].value))
+                    {
+                        out.extend_from_slice(name);
+                        out[at..].make_ascii_lowercase();
+                        out.extend_from_slice(b": ");
+                        out.extend_from_slice(value);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Where `line` ends in the head when it came as `name: value` and
+    /// CRLF, and `None` when it came otherwise (no space or more than one
+    /// after the colon, spaces after the value).
+    fn whole(&self, line: &Line) -> Option<usize> {
+        let colon = usize::from(line.name.0) + usize::from(line.name.1);
+        let value = usize::from(line.value.0);
+        let end = value + usize::from(line.value.1);
+        (value == colon + 2
+            && self.head.get(colon..value) == Some(b": ")
+            && self.head.get(end..end + 2) == Some(b"\r\n"))
+        .then_some(end + 2)
+    }
+
     /// Appends the lines to `map`: names in lower case, values sharing the
     /// head's bytes.
     pub fn append_to(&self, map: &mut HeaderMap) {
@@ -418,6 +489,42 @@ mod tests {
         assert!(is(b"KeEp-AlIvE", b"keep-alive"));
         assert!(!is(b"keep_alive", b"keep-alive"));
         assert!(!is(b"keep-aliv", b"keep-alive"));
+    }
+
+    /// The lines of a whole answer head, as the exchange reads them.
+    fn parse(head: &'static [u8]) -> Relayed {
+        let mut slots = [httparse::EMPTY_HEADER; 16];
+        let mut resp = httparse::Response::new(&mut slots);
+        let len = match resp.parse(head).unwrap() {
+            httparse::Status::Complete(len) => len,
+            httparse::Status::Partial => panic!("partial"),
+        };
+        let base = head.as_ptr() as usize;
+        let lines = resp
+            .headers
+            .iter()
+            .map(|h| Line::at(base, h.name.as_bytes(), h.value).unwrap())
+            .collect();
+        Relayed::new(Bytes::from_static(&head[..len]), lines)
+    }
+
+    #[test]
+    fn lines_are_written_in_order_lower_case_and_without_their_length() {
+        let relayed = parse(
+            b"HTTP/1.1 200 OK\r\nX-A: 1\r\nSet-Cookie: a=B\r\nX-B:2\r\nX-C:  3  \r\n\
+              Content-Length: 5\r\nX-D: 4\r\nX-E:\r\nX-F: \r\nX-G: G\r\n\r\nhello",
+        );
+        let mut out = b"before\r\n".to_vec();
+        relayed.write_to(&mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "before\r\nx-a: 1\r\nset-cookie: a=B\r\nx-b: 2\r\nx-c: 3\r\nx-d: 4\r\nx-e: \r\n\
+             x-f: \r\nx-g: G\r\n"
+        );
+        assert_eq!(relayed.content_length(), Some(&b"5"[..]));
+        let mut out = Vec::new();
+        Relayed::from_pairs(&[]).write_to(&mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -708,9 +708,9 @@ fn encode_head(
 /// Writes a backend's header lines after the map's, names in lower case as
 /// hyper writes a map's. They hold no hop-by-hop line (`Relayed` lost
 /// those in the proxy), so the one framing header among them is
-/// `Content-Length`, written once: on a HEAD's answer as it came (it tells
-/// the GET's length), on any other from the body's own length (which the
-/// backend's header decided) or, dropped, for an empty body.
+/// `Content-Length`, written last and once: on a HEAD's answer as it came
+/// (it tells the GET's length), on any other from the body's own length
+/// (which the backend's header decided) or, dropped, for an empty body.
 fn write_relayed(
     out: &mut Vec<u8>,
     relayed: &Relayed,
@@ -719,41 +719,31 @@ fn write_relayed(
     framing: &mut Framing,
     wrote_length: &mut bool,
 ) {
-    for (name, value) in relayed.iter() {
-        if name.eq_ignore_ascii_case(b"content-length") {
-            if *wrote_length {
-                continue;
-            }
-            if is_head {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(value);
-            } else if let Some(n) = match length {
-                BodyLength::Known(n) => Some(n),
-                // A body that does not know its length is taken at the
-                // header's word, as hyper takes it.
-                BodyLength::Unknown => std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok()),
-                // An empty body gets `content-length: 0` below.
-                BodyLength::Empty => None,
-            } {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                *framing = Framing::Length(n);
-            } else {
-                continue;
-            }
-            out.extend_from_slice(b"\r\n");
-            *wrote_length = true;
-            continue;
-        }
-        let at = out.len();
-        out.extend_from_slice(name);
-        out[at..].make_ascii_lowercase();
-        out.extend_from_slice(b": ");
+    relayed.write_to(out);
+    let Some(value) = relayed.content_length().filter(|_| !*wrote_length) else {
+        return;
+    };
+    if is_head {
+        out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
+    } else if let Some(n) = match length {
+        BodyLength::Known(n) => Some(n),
+        // A body that does not know its length is taken at the header's
+        // word, as hyper takes it.
+        BodyLength::Unknown => std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok()),
+        // An empty body gets `content-length: 0` below.
+        BodyLength::Empty => None,
+    } {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        *framing = Framing::Length(n);
+    } else {
+        return;
     }
+    out.extend_from_slice(b"\r\n");
+    *wrote_length = true;
 }
 
 fn open(out: &mut Vec<u8>, name: &str, value: &HeaderValue) {
