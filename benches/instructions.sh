@@ -42,7 +42,11 @@ build_lockstep
 make_tmp lockstep-instructions
 read -r P_BACKEND P_PROXY P_LOCKSTEP P_ADMIN < <(free_ports 4)
 
-nginx_small_backend "$P_BACKEND" | nginx_conf nginx-backend
+# /p2k/1: a 2 KiB JSON file, served as nginx serves files (with ETag,
+# Last-Modified and Accept-Ranges), for the 2 KiB passthrough row.
+mkdir -p "$TMP/www/p2k"
+python3 -c 'import json, sys; sys.stdout.write(json.dumps({"id": "1", "pad": "x" * 2020}))' >"$TMP/www/p2k/1"
+nginx_small_backend "$P_BACKEND" "location /p2k/ { root $TMP/www; }" | nginx_conf nginx-backend
 {
     nginx_upstream "$P_BACKEND"
     nginx_proxy_server "$P_PROXY"
@@ -78,6 +82,8 @@ etag = None
 for _ in range(count):
     if kind == "passthrough":
         conn.request("GET", "/plain/1")
+    elif kind == "passthrough2k":
+        conn.request("GET", "/p2k/1")
     elif kind == "read":
         conn.request("GET", "/articles/1")
     elif kind == "lock":
@@ -153,7 +159,7 @@ per_request() {
 
 declare -A A B
 log "counting $LOCKSTEP, $N and $((3 * N)) requests per row"
-for kind in passthrough read patch lock; do
+for kind in passthrough passthrough2k read patch lock; do
     A[$kind]=$(per_request "$LOCKSTEP" "$kind")
     log "$kind: ${A[$kind]} instructions per request"
     if [[ -n $OTHER ]]; then
@@ -161,8 +167,11 @@ for kind in passthrough read patch lock; do
         log "$kind (B): ${B[$kind]} instructions per request"
     fi
 done
-NGINX=$(per_request nginx passthrough)
-log "nginx proxy: $NGINX instructions per request"
+declare -A NGINX
+for kind in passthrough passthrough2k; do
+    NGINX[$kind]=$(per_request nginx "$kind")
+    log "nginx proxy, $kind: ${NGINX[$kind]} instructions per request"
+done
 
 report() {
     echo "# Instructions per request"
@@ -179,24 +188,26 @@ report() {
         echo "|---|---|---:|---:|"
     fi
     local kind request
-    for kind in passthrough read patch lock; do
+    for kind in passthrough passthrough2k read patch lock; do
         case $kind in
         passthrough) request="GET /plain/1 (31 B)" ;;
+        passthrough2k) request="GET /p2k/1 (a 2 KiB file)" ;;
         read) request="versioned GET /articles/1" ;;
         patch) request="checked PATCH /items/… with If-Match (SQLite)" ;;
         lock) request="lock acquire + release, one pair (SQLite)" ;;
         esac
         if [[ -n $OTHER ]]; then
             echo "| $kind | $request | ${A[$kind]} | ${B[$kind]} | $(python3 -c "print(f'{${B[$kind]} / ${A[$kind]}:.3f}')") |"
-        elif [[ $kind == passthrough ]]; then
-            echo "| $kind | $request | ${A[$kind]} | $NGINX |"
+        elif [[ -n ${NGINX[$kind]:-} ]]; then
+            echo "| $kind | $request | ${A[$kind]} | ${NGINX[$kind]} |"
         else
             echo "| $kind | $request | ${A[$kind]} | |"
         fi
     done
     if [[ -n $OTHER ]]; then
         echo
-        echo "nginx proxying the same GET /plain/1: $NGINX instructions per request."
+        echo "nginx proxying the same GET /plain/1: ${NGINX[passthrough]} instructions per request;" \
+            "GET /p2k/1: ${NGINX[passthrough2k]}."
     fi
 }
 if [[ -n ${INSTR_OUT:-} ]]; then
