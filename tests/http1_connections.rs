@@ -1519,3 +1519,53 @@ async fn a_backends_header_lines_reach_the_client_in_order_less_the_hop_by_hop_o
     assert_eq!(got, want, "{}", answer.head);
     assert_eq!(answer.text(), "hello");
 }
+
+#[tokio::test]
+async fn a_head_answer_carries_one_valid_content_length() {
+    // Two equal lines: one number, and the connection goes on (the GET
+    // pipelined after the HEAD is answered).
+    let upstream = raw_backend_closing(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2, 2\r\n\r\nok",
+        false,
+    )
+    .await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{upstream}"))
+        .start();
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send(format!(
+        "HEAD /plain/1 HTTP/1.1\r\nHost: x\r\n\r\n{}",
+        get("/plain/2")
+    ))
+    .await;
+    let answers = conn.answers(&["HEAD", "GET"]).await;
+    assert_eq!(answers[0].status, 200, "{answers:?}");
+    assert_eq!(
+        answers[0].all("content-length"),
+        ["2"],
+        "{}",
+        answers[0].head
+    );
+    assert_eq!(answers[0].framing, Framing::NoBody);
+    assert_eq!(answers[1].text(), "ok");
+    assert_kept_alive(&answers);
+
+    // Two different numbers: a 502 to a HEAD, as to a GET (RFC 9112 §6.3).
+    let upstream = raw_backend_closing(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+        false,
+    )
+    .await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{upstream}"))
+        .start();
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send(format!(
+        "HEAD /plain/1 HTTP/1.1\r\nHost: x\r\n\r\n{}",
+        get("/plain/2")
+    ))
+    .await;
+    let answers = conn.answers(&["HEAD", "GET"]).await;
+    assert_eq!(answers[0].status, 502, "{answers:?}");
+    answers[1].problem(502, "bad-gateway");
+}

@@ -245,31 +245,22 @@ fn parse_head(
 
 /// How the answer's body ends (RFC 9112 §6.3).
 fn framing(head: &Relayed, status: StatusCode, to_head: bool) -> Result<Framing, Failure> {
+    let coded = head.values(Kind::TransferEncoding).last();
+    // A `Content-Length` must be valid even where it does not frame the
+    // body (a HEAD's, a 204's, a 304's answer): the client gets it.
+    let length = match coded {
+        None => head.length().map_err(|e| Failure::Invalid(e.into()))?,
+        Some(_) => None,
+    };
     if to_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
-    if let Some(last) = head.values(Kind::TransferEncoding).last() {
+    if let Some(last) = coded {
         return Ok(if super::headers::ends_in_chunked(last) {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::Close
         });
-    }
-    let mut length = None;
-    for value in head.values(Kind::ContentLength) {
-        for part in value.split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            let n = (!part.is_empty() && part.iter().all(u8::is_ascii_digit))
-                .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
-                .flatten()
-                .ok_or_else(|| Failure::Invalid("an invalid Content-Length".into()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Failure::Invalid(
-                    "two different Content-Length values".into(),
-                ));
-            }
-            length = Some(n);
-        }
     }
     Ok(length.map_or(Framing::Close, Framing::Length))
 }
@@ -833,6 +824,39 @@ mod tests {
                 "{}: {e}",
                 String::from_utf8_lossy(head)
             );
+        }
+        // A length the client would get is checked where it frames no
+        // body too: HEAD's, 204's and 304's answers; beside a transfer
+        // coding it is not read (and never reaches the client).
+        for (head, to_head) in [
+            (
+                &b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n"[..],
+                true,
+            ),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", true),
+            (
+                b"HTTP/1.1 304 Not Modified\r\nContent-Length: -1\r\n\r\n",
+                false,
+            ),
+            (
+                b"HTTP/1.1 204 No Content\r\nContent-Length: 1, 2\r\n\r\n",
+                false,
+            ),
+        ] {
+            let o = exchange_with(&[head], false, to_head).await;
+            let e = o.answer.err().unwrap_or_default();
+            assert!(
+                e.starts_with("Invalid"),
+                "{}: {e}",
+                String::from_utf8_lossy(head)
+            );
+        }
+        for (head, to_head) in [
+            (&b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2, 2\r\n\r\n"[..], true),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: x\r\n\r\n0\r\n\r\n", false),
+        ] {
+            let o = exchange_with(&[head], false, to_head).await;
+            assert_eq!(status(&o), 200, "{}", String::from_utf8_lossy(head));
         }
         // Over the limit, whole in one read or not.
         let long = [b"HTTP/1.1 200 OK\r\nX: ".as_slice(), &[b'a'; 5000]].concat();

@@ -228,9 +228,25 @@ impl Relayed {
         self.lines.retain(|_| gone.next() == Some(false));
     }
 
-    /// The first `Content-Length` value.
-    pub fn content_length(&self) -> Option<&[u8]> {
-        self.values(Kind::ContentLength).next()
+    /// The length `Content-Length` says: `None` without one; an error for
+    /// a value that is not digits, or values (in one line, comma-separated,
+    /// or in several) that differ (RFC 9110 §8.6).
+    pub fn length(&self) -> Result<Option<u64>, &'static str> {
+        let mut length = None;
+        for value in self.values(Kind::ContentLength) {
+            for part in value.split(|b| *b == b',') {
+                let part = part.trim_ascii();
+                let n = (!part.is_empty() && part.iter().all(u8::is_ascii_digit))
+                    .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
+                    .flatten()
+                    .ok_or("an invalid Content-Length")?;
+                if length.is_some_and(|l| l != n) {
+                    return Err("two different Content-Length values");
+                }
+                length = Some(n);
+            }
+        }
+        Ok(length)
     }
 
     /// Writes every line but `Content-Length`'s to `out`, as `name: value`
@@ -521,10 +537,32 @@ mod tests {
             "before\r\nx-a: 1\r\nset-cookie: a=B\r\nx-b: 2\r\nx-c: 3\r\nx-d: 4\r\nx-e: \r\n\
              x-f: \r\nx-g: G\r\n"
         );
-        assert_eq!(relayed.content_length(), Some(&b"5"[..]));
+        assert_eq!(relayed.length(), Ok(Some(5)));
         let mut out = Vec::new();
         Relayed::from_pairs(&[]).write_to(&mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_length_is_digits_and_every_value_agrees() {
+        let length = |pairs: &[(&str, &str)]| Relayed::from_pairs(pairs).length();
+        assert_eq!(length(&[]), Ok(None));
+        assert_eq!(length(&[("Content-Length", "007")]), Ok(Some(7)));
+        assert_eq!(
+            length(&[("content-length", "5, 5"), ("Content-Length", "5")]),
+            Ok(Some(5))
+        );
+        for bad in [
+            &[("Content-Length", "5, 6")][..],
+            &[("Content-Length", "5"), ("content-length", "6")],
+            &[("Content-Length", "abc")],
+            &[("Content-Length", "-1")],
+            &[("Content-Length", "+2")],
+            &[("Content-Length", "")],
+            &[("Content-Length", "5,")],
+        ] {
+            assert!(length(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

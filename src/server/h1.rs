@@ -708,9 +708,11 @@ fn encode_head(
 /// Writes a backend's header lines after the map's, names in lower case as
 /// hyper writes a map's. They hold no hop-by-hop line (`Relayed` lost
 /// those in the proxy), so the one framing header among them is
-/// `Content-Length`, written last and once: on a HEAD's answer as it came
-/// (it tells the GET's length), on any other from the body's own length
-/// (which the backend's header decided) or, dropped, for an empty body.
+/// `Content-Length`, written last, once, as one number (the exchange
+/// refused an answer whose values were not one number): on a HEAD's
+/// answer the number it said (it tells the GET's length), on any other the
+/// body's own length (which the header decided) or, for an empty body,
+/// none.
 fn write_relayed(
     out: &mut Vec<u8>,
     relayed: &Relayed,
@@ -720,29 +722,27 @@ fn write_relayed(
     wrote_length: &mut bool,
 ) {
     relayed.write_to(out);
-    let Some(value) = relayed.content_length().filter(|_| !*wrote_length) else {
-        return;
-    };
-    if is_head {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(value);
-    } else if let Some(n) = match length {
-        BodyLength::Known(n) => Some(n),
-        // A body that does not know its length is taken at the header's
-        // word, as hyper takes it.
-        BodyLength::Unknown => std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok()),
-        // An empty body gets `content-length: 0` below.
-        BodyLength::Empty => None,
-    } {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        *framing = Framing::Length(n);
-    } else {
+    if *wrote_length {
         return;
     }
+    let Ok(Some(said)) = relayed.length() else {
+        return;
+    };
+    let n = match length {
+        _ if is_head => said,
+        BodyLength::Known(n) => n,
+        // A body that does not know its length is taken at the header's
+        // word, as hyper takes it.
+        BodyLength::Unknown => said,
+        // An empty body gets `content-length: 0` below.
+        BodyLength::Empty => return,
+    };
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     out.extend_from_slice(b"\r\n");
+    if !is_head {
+        *framing = Framing::Length(n);
+    }
     *wrote_length = true;
 }
 
