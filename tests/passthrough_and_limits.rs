@@ -1543,3 +1543,36 @@ async fn a_protocol_switch_the_request_did_not_ask_for_is_a_502_for_every_method
     .await;
     assert!(raw.starts_with("HTTP/1.1 502 "), "POST: {raw}");
 }
+
+#[tokio::test]
+async fn http2_clients_get_a_repeated_content_length_as_one_number() {
+    // Two lines and a list, all one number: valid HTTP/1.1 (RFC 9110
+    // §8.6), but HTTP/2 takes one value; the client gets `2`, the body
+    // whole, over HTTP/2 and over HTTP/1.1.
+    let upstream = raw_backend(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nContent-Length: 2, 2\r\n\r\nok",
+    )
+    .await;
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://{upstream}"))
+        .start();
+    let (status, version, headers, body) =
+        h2_request(lockstep.proxy_addr(), Method::GET, "/plain/1", &[], "").await;
+    assert_eq!((status, version), (200, Version::HTTP_2));
+    let lengths: Vec<_> = headers.get_all("content-length").iter().collect();
+    assert_eq!(lengths, ["2"], "{headers:?}");
+    assert_eq!(headers["x-a"], "1");
+    assert_eq!(&body[..], b"ok");
+
+    let resp = Client::new()
+        .get(lockstep.proxy_url_for("/plain/2"))
+        .send()
+        .await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(
+        resp.header_all("content-length"),
+        vec!["2".to_owned()],
+        "{resp:?}"
+    );
+    assert_eq!(resp.text(), "ok");
+}

@@ -316,10 +316,19 @@ impl Relayed {
     }
 
     /// Appends the lines to `map`: names in lower case, values sharing the
-    /// head's bytes.
+    /// head's bytes, `Content-Length` as one number.
     pub fn append_to(&self, map: &mut HeaderMap) {
         map.reserve(self.lines.len());
+        let mut length = self.length().ok().flatten();
         for l in &self.lines {
+            // `Content-Length` as one number, once (HTTP/2 takes no list):
+            // the exchange refused an answer whose values disagree.
+            if l.kind == Kind::ContentLength {
+                if let Some(n) = length.take() {
+                    map.append(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+                }
+                continue;
+            }
             let (at, len) = (usize::from(l.value.0), usize::from(l.value.1));
             let (Some(name), Some(_)) = (self.bytes(l.name), self.bytes(l.value)) else {
                 continue;
@@ -587,10 +596,15 @@ mod tests {
         assert!(contains(&resp, &http::header::DATE));
         remove(&mut resp, &http::header::DATE);
         assert!(!contains(&resp, &http::header::DATE));
-        resp.extensions_mut()
-            .insert(Relayed::from_pairs(&[("X-Z", "1")]));
+        resp.extensions_mut().insert(Relayed::from_pairs(&[
+            ("Content-Length", "5, 5"),
+            ("X-Z", "1"),
+            ("content-length", "005"),
+        ]));
         materialize(&mut resp);
         assert_eq!(resp.headers()["x-z"], "1");
+        let lengths: Vec<_> = resp.headers().get_all("content-length").iter().collect();
+        assert_eq!(lengths, ["5"], "one number, once");
         assert!(resp.extensions().get::<Relayed>().is_none());
     }
 }
