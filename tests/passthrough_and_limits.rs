@@ -1576,3 +1576,41 @@ async fn http2_clients_get_a_repeated_content_length_as_one_number() {
     );
     assert_eq!(resp.text(), "ok");
 }
+
+#[tokio::test]
+async fn a_head_gets_lockstep_s_own_answers_without_a_body_over_http2_too() {
+    // Nothing listens on the upstream's port: a 502 problem, which has a
+    // body on a GET. On a HEAD the client gets its status and length only,
+    // over HTTP/2 as over HTTP/1.1 (hyper's HTTP/2 server would send the
+    // body, which a client takes as a protocol error).
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let lockstep = Lockstep::builder()
+        .upstream(format!("http://127.0.0.1:{port}"))
+        .start();
+    let (status, _, get_headers, get_body) =
+        h2_request(lockstep.proxy_addr(), Method::GET, "/plain/1", &[], "").await;
+    assert_eq!(status, 502);
+    assert!(!get_body.is_empty());
+    let (status, version, headers, body) =
+        h2_request(lockstep.proxy_addr(), Method::HEAD, "/plain/1", &[], "").await;
+    assert_eq!((status, version), (502, Version::HTTP_2));
+    assert!(body.is_empty(), "{body:?}");
+    assert_eq!(headers["content-type"], get_headers["content-type"]);
+    assert_eq!(
+        headers["content-length"].to_str().unwrap(),
+        get_body.len().to_string()
+    );
+    let raw = raw_http1(
+        lockstep.proxy_addr(),
+        "HEAD /plain/1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 502 "), "{raw}");
+    assert!(raw.ends_with("\r\n\r\n"), "a body after the head: {raw}");
+    assert!(
+        raw.contains(&format!("content-length: {}\r\n", get_body.len())),
+        "{raw}"
+    );
+}

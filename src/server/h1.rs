@@ -999,8 +999,9 @@ mod tests {
         exchange(input, |io| async move {
             let service =
                 hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    // As the server's own hyper service does.
                     let req = req.map(body::boxed);
-                    let mut resp = Scripted.call(req, peer()).await;
+                    let mut resp = super::super::answer(&Scripted, "test", req, peer()).await;
                     crate::proxy::relayed::materialize(&mut resp);
                     Ok::<_, Infallible>(resp)
                 });

@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -198,7 +198,8 @@ pub async fn serve<H: Handler>(
     }
 }
 
-/// A request's answer from `handler`, in the request's span, with a `Date`.
+/// A request's answer from `handler`, in the request's span, with a `Date`,
+/// and without a body when the request was a `HEAD`.
 async fn answer<H: Handler>(
     handler: &H,
     name: &'static str,
@@ -208,7 +209,37 @@ async fn answer<H: Handler>(
     // One span per request, on both listeners: what the router and the
     // wings learn is recorded on it (see `telemetry`).
     let span = telemetry::request_span(name, req.method(), req.uri().path());
-    unparsable::with_date(handler.call(req, peer).instrument(span).await)
+    let is_head = req.method() == Method::HEAD;
+    let resp = unparsable::with_date(handler.call(req, peer).instrument(span).await);
+    if is_head {
+        without_body(resp)
+    } else {
+        resp
+    }
+}
+
+/// A `HEAD`'s answer with its body dropped and its length kept as
+/// `Content-Length` (RFC 9110 §9.3.2: the GET's headers, no content).
+///
+/// Why here: hyper's HTTP/1 server and [`h1`]'s loop leave out a HEAD
+/// answer's body themselves, but hyper's HTTP/2 server sends it, and the
+/// client takes that as a protocol error. lockstep's own answers to a HEAD
+/// (a problem document, a 502 among them) have a body.
+fn without_body(mut resp: Response<Body>) -> Response<Body> {
+    use http_body::Body as _;
+    if resp.body().is_end_stream() {
+        return resp;
+    }
+    if let Some(n) = resp.body().size_hint().exact() {
+        if !relayed::contains(&resp, &header::CONTENT_LENGTH)
+            && !resp.headers().contains_key(header::TRANSFER_ENCODING)
+        {
+            resp.headers_mut()
+                .insert(header::CONTENT_LENGTH, header::HeaderValue::from(n));
+        }
+    }
+    *resp.body_mut() = crate::body::empty();
+    resp
 }
 
 /// One accepted connection and what serving it needs.
