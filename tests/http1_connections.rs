@@ -1520,15 +1520,10 @@ async fn a_backends_header_lines_reach_the_client_in_order_less_the_hop_by_hop_o
     assert_eq!(answer.text(), "hello");
 }
 
-#[tokio::test]
-async fn a_head_answer_carries_one_valid_content_length() {
-    // Two equal lines: one number, and the connection goes on (the GET
-    // pipelined after the HEAD is answered).
-    let upstream = raw_backend_closing(
-        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2, 2\r\n\r\nok",
-        false,
-    )
-    .await;
+/// A HEAD and a GET, pipelined on one connection to a lockstep in front of
+/// a backend that answers every request with `answer`: their answers.
+async fn head_then_get(answer: &'static [u8]) -> Vec<Answer> {
+    let upstream = raw_backend_closing(answer, false).await;
     let lockstep = Lockstep::builder()
         .upstream(format!("http://{upstream}"))
         .start();
@@ -1538,7 +1533,16 @@ async fn a_head_answer_carries_one_valid_content_length() {
         get("/plain/2")
     ))
     .await;
-    let answers = conn.answers(&["HEAD", "GET"]).await;
+    conn.answers(&["HEAD", "GET"]).await
+}
+
+#[tokio::test]
+async fn a_head_answer_carries_one_valid_content_length() {
+    // Two equal lines: one number, and the connection goes on (the GET
+    // pipelined after the HEAD is answered).
+    let answers =
+        head_then_get(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2, 2\r\n\r\nok")
+            .await;
     assert_eq!(answers[0].status, 200, "{answers:?}");
     assert_eq!(
         answers[0].all("content-length"),
@@ -1551,21 +1555,8 @@ async fn a_head_answer_carries_one_valid_content_length() {
     assert_kept_alive(&answers);
 
     // Two different numbers: a 502 to a HEAD, as to a GET (RFC 9112 §6.3).
-    let upstream = raw_backend_closing(
-        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
-        false,
-    )
-    .await;
-    let lockstep = Lockstep::builder()
-        .upstream(format!("http://{upstream}"))
-        .start();
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
-    conn.send(format!(
-        "HEAD /plain/1 HTTP/1.1\r\nHost: x\r\n\r\n{}",
-        get("/plain/2")
-    ))
-    .await;
-    let answers = conn.answers(&["HEAD", "GET"]).await;
+    let answers =
+        head_then_get(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok").await;
     assert_eq!(answers[0].status, 502, "{answers:?}");
     answers[1].problem(502, "bad-gateway");
 }
