@@ -15,11 +15,12 @@
 //! What it keeps of hyper's reading (RFC 9112): the head is parsed by
 //! httparse, as hyper parses it, with the same strictness (no obsolete line
 //! folding, no space before a colon), and its lines are kept as its bytes
-//! (`relayed.rs`: no header map unless one is read); `1xx` answers other than `101` are
-//! skipped; the body's length comes from `Transfer-Encoding` (chunked last:
-//! chunks; anything else: until the close), else from `Content-Length` (every
-//! value equal, digits only), else from the close; the answer to a `HEAD`,
-//! and a `204` or `304`, has none. A connection goes back to the pool only
+//! (`relayed.rs`: no header map unless one is read); `1xx` answers other
+//! than `101` are skipped; the body's length comes from `Transfer-Encoding`
+//! (chunked last: chunks; anything else: until the close), else from
+//! `Content-Length` (every value equal, digits only, on every answer since
+//! the client gets it), else from the close; the answer to a `HEAD`, and a
+//! `204` or `304`, has none. A connection goes back to the pool only
 //! once its answer was read to the end, when neither side asked to close
 //! and no stray bytes followed.
 
@@ -29,12 +30,12 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use smallvec::SmallVec;
-
-use super::relayed::{self, Kind, Line, Relayed};
 use http::{Request, StatusCode, Version};
 use http_body::{Frame, SizeHint};
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::relayed::{self, Kind, Line, Relayed};
 
 /// The most header lines an answer may carry (hyper's limit too).
 const MAX_HEADERS: usize = 100;
