@@ -1521,7 +1521,8 @@ async fn a_backends_header_lines_reach_the_client_in_order_less_the_hop_by_hop_o
 }
 
 /// A HEAD and a GET, pipelined on one connection to a lockstep in front of
-/// a backend that answers every request with `answer`: their answers.
+/// a backend that answers every request with `answer`, and a HEAD in
+/// HTTP/1.0 (hyper's server) on another: their answers.
 async fn head_then_get(answer: &'static [u8]) -> Vec<Answer> {
     let upstream = raw_backend_closing(answer, false).await;
     let lockstep = Lockstep::builder()
@@ -1533,7 +1534,11 @@ async fn head_then_get(answer: &'static [u8]) -> Vec<Answer> {
         get("/plain/2")
     ))
     .await;
-    conn.answers(&["HEAD", "GET"]).await
+    let mut answers = conn.answers(&["HEAD", "GET"]).await;
+    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    conn.send("HEAD /plain/3 HTTP/1.0\r\n\r\n").await;
+    answers.push(conn.answer("HEAD").await);
+    answers
 }
 
 #[tokio::test]
@@ -1552,11 +1557,20 @@ async fn a_head_answer_carries_one_valid_content_length() {
     );
     assert_eq!(answers[0].framing, Framing::NoBody);
     assert_eq!(answers[1].text(), "ok");
-    assert_kept_alive(&answers);
+    assert_kept_alive(&answers[..2]);
+    assert_eq!(answers[2].version, "HTTP/1.0", "{:?}", answers[2]);
+    assert_eq!(answers[2].status, 200, "{:?}", answers[2]);
+    assert_eq!(
+        answers[2].all("content-length"),
+        ["2"],
+        "{}",
+        answers[2].head
+    );
 
     // Two different numbers: a 502 to a HEAD, as to a GET (RFC 9112 §6.3).
     let answers =
         head_then_get(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok").await;
     assert_eq!(answers[0].status, 502, "{answers:?}");
     answers[1].problem(502, "bad-gateway");
+    assert_eq!(answers[2].status, 502, "{answers:?}");
 }
