@@ -447,6 +447,24 @@ fn assert_kept_alive(answers: &[Answer]) {
     }
 }
 
+/// The test backend, lockstep in front of it, and a connection to
+/// lockstep's proxy listener.
+async fn connected() -> (Backend, Lockstep, Conn) {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    let conn = Conn::open(lockstep.proxy_addr()).await;
+    (backend, lockstep, conn)
+}
+
+/// A connection to `addr` that was answered once and kept alive: idle.
+async fn kept_alive_after_one_read(addr: SocketAddr) -> Conn {
+    let mut idle = Conn::open(addr).await;
+    idle.send(get("/echo/idle")).await;
+    let answer = idle.answer("GET").await;
+    assert!(!answer.says_close(), "{answer:?}");
+    idle
+}
+
 /// The backend's log entries for `path`.
 async fn backend_saw(backend: &Backend, path: &str) -> Vec<Value> {
     backend.log_for(path).await
@@ -484,9 +502,7 @@ async fn keep_alive_serves_sequential_requests_on_one_connection() {
 
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (_backend, _lockstep, mut conn) = connected().await;
 
     // The first is the slowest: a server that answers requests in the
     // order they finish instead of the order they came would show it.
@@ -515,9 +531,7 @@ async fn pipelined_requests_are_answered_in_order() {
 
 #[tokio::test]
 async fn requests_arriving_a_byte_at_a_time_are_parsed_whole() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (_backend, _lockstep, mut conn) = connected().await;
 
     // Two pipelined requests, the first with a chunked body carrying a
     // chunk extension, written one byte per write: every boundary (inside
@@ -692,9 +706,7 @@ async fn answers_204_and_304_have_no_body_and_keep_the_connection_in_step() {
 
 #[tokio::test]
 async fn chunked_answers_reach_the_client_whole_and_the_connection_is_reused() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (_backend, _lockstep, mut conn) = connected().await;
 
     // The backend answers chunked: so does lockstep, byte for byte.
     conn.send(get("/bytes/100000")).await;
@@ -836,9 +848,7 @@ async fn http10_requests_are_answered_in_http10_and_closed_unless_kept_alive() {
 
 #[tokio::test]
 async fn requests_with_bodies_between_gets_keep_the_connection_in_step() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (backend, _lockstep, mut conn) = connected().await;
     let json = "Content-Type: application/json\r\n";
 
     // One at a time: GETs, PUT (passthrough), POST (passthrough create),
@@ -1068,9 +1078,7 @@ async fn unparsable_requests_get_a_400_problem_and_the_connection_closes() {
 
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_read_chunked_and_closes() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (backend, _lockstep, mut conn) = connected().await;
     // RFC 9112 §6.1: read by Transfer-Encoding alone (or refused), and
     // the connection closed after the answer either way, so nothing after
     // it can be smuggled in. As of the hyper-based server: read chunked.
@@ -1090,9 +1098,7 @@ async fn content_length_with_transfer_encoding_is_read_chunked_and_closes() {
 
 #[tokio::test]
 async fn expect_100_continue_gets_the_interim_answer_before_the_body() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (backend, lockstep, mut conn) = connected().await;
 
     // A passthrough PUT, then a versioned one, on the same connection.
     for (path, headers, body) in [
@@ -1152,10 +1158,7 @@ async fn sigterm_closes_idle_connections_and_finishes_the_request_in_flight() {
     let mut lockstep = Lockstep::in_front_of(&backend);
     let addr = lockstep.proxy_addr();
 
-    let mut idle = Conn::open(addr).await;
-    idle.send(get("/echo/idle")).await;
-    let answer = idle.answer("GET").await;
-    assert!(!answer.says_close(), "{answer:?}");
+    let mut idle = kept_alive_after_one_read(addr).await;
 
     let mut busy = Conn::open(addr).await;
     busy.send("GET /echo/slow HTTP/1.1\r\nHost: a\r\nX-Backend-Delay-Ms: 1500\r\n\r\n")
@@ -1183,9 +1186,7 @@ async fn sigterm_closes_idle_connections_and_finishes_the_request_in_flight() {
 
 #[tokio::test]
 async fn every_answer_has_one_date_and_one_framing_header() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (_backend, lockstep, mut conn) = connected().await;
     let json = "Content-Type: application/json\r\n";
 
     // [`Conn::answer`] checks the rules on each; here, one answer of each
@@ -1243,9 +1244,7 @@ async fn every_answer_has_one_date_and_one_framing_header() {
 
 #[tokio::test]
 async fn host_is_required_once_and_a_bad_host_keeps_the_connection() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (backend, _lockstep, mut conn) = connected().await;
 
     // RFC 9112 §3.2: 400 for an HTTP/1.1 request without Host and for two
     // Host lines. It is lockstep's answer, not the parser's: the request
@@ -1270,9 +1269,7 @@ async fn host_is_required_once_and_a_bad_host_keeps_the_connection() {
 
 #[tokio::test]
 async fn method_case_header_case_and_whitespace() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (_backend, _lockstep, mut conn) = connected().await;
 
     // Methods are case-sensitive (RFC 9110 §9.1). As of the hyper-based
     // server a lower-case `get` on a passthrough path goes to the backend
@@ -1318,9 +1315,7 @@ async fn method_case_header_case_and_whitespace() {
 
 #[tokio::test]
 async fn absolute_form_and_asterisk_form_targets() {
-    let backend = Backend::start();
-    let lockstep = Lockstep::in_front_of(&backend);
-    let mut conn = Conn::open(lockstep.proxy_addr()).await;
+    let (backend, _lockstep, mut conn) = connected().await;
 
     // An absolute-form target names the host (RFC 9112 §3.2.2); `OPTIONS
     // *` is passed on (the fixture answers it 404, its own answer); `*`
@@ -1400,10 +1395,7 @@ async fn a_request_whose_head_is_still_arriving_when_the_drain_begins_is_answere
     let mut lockstep = Lockstep::in_front_of(&backend);
     let addr = lockstep.proxy_addr();
 
-    let mut idle = Conn::open(addr).await;
-    idle.send(get("/echo/idle")).await;
-    let answer = idle.answer("GET").await;
-    assert!(!answer.says_close(), "{answer:?}");
+    let mut idle = kept_alive_after_one_read(addr).await;
     // Half a head of each kind: one with a body (served by hyper once
     // handed over) and one without (served by lockstep's own loop).
     let mut with_body = Conn::open(addr).await;
