@@ -33,6 +33,7 @@ db_tests!(
     wait_ends_with_409_after_the_bound,
     wait_returns_soon_after_the_holder_expires,
     wait_is_capped_by_max_wait_ms,
+    a_waiter_whose_client_hangs_up_is_dropped,
     plain_acquire_never_blocks,
     waiters_take_turns_without_overlap,
     tokens_stay_unique_while_the_sweeper_runs,
@@ -206,6 +207,52 @@ async fn wait_returns_as_soon_as_the_holder_releases(db: DbKind) {
         elapsed < Duration::from_millis(1500),
         "B must get the lock soon after the release at ~300 ms, took {elapsed:?}"
     );
+}
+
+/// A waiting acquire whose client closes its connection gives up: the
+/// release that follows leaves the lock free, not granted to no one.
+/// Sent both ways a client may send it: head and body in one write, and
+/// the body after a pause.
+async fn a_waiter_whose_client_hangs_up_is_dropped(db: DbKind) {
+    use tokio::io::AsyncWriteExt;
+    let db = Db::fresh(db).await;
+    let ls = db.lockstep().start();
+    let c = Client::new();
+    for (i, split) in [false, true].into_iter().enumerate() {
+        let resource = format!("job:gone-{i}");
+        let url = lock_url(&ls, &resource);
+        assert_eq!(acquire(&c, &url, "a", 10_000).await.status, 200);
+        let body = r#"{"owner":"b","ttl_ms":10000}"#;
+        let head = format!(
+            "POST /locks/{resource}?wait_ms=5000 HTTP/1.1\r\nHost: x\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut conn = tokio::net::TcpStream::connect(ls.admin_addr())
+            .await
+            .unwrap();
+        if split {
+            conn.write_all(head.as_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            conn.write_all(body.as_bytes()).await.unwrap();
+        } else {
+            conn.write_all(format!("{head}{body}").as_bytes())
+                .await
+                .unwrap();
+        }
+        // Waiting now; then the client leaves.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(conn);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(release(&c, &url, "a").await.status, 204);
+        // A waiter still running would take the lock within its backoff.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let r = get(&c, &url).await;
+        assert_eq!(
+            r.status, 404,
+            "split {split}: the lock went to a client that had left: {r:?}"
+        );
+    }
 }
 
 async fn wait_ends_with_409_after_the_bound(db: DbKind) {

@@ -44,7 +44,7 @@ use metrics::{Expiry, Grant, LockMetrics, LockOp};
 /// Longest resource name, owner and label, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
 /// Largest lock request body.
-const MAX_LOCK_BODY: u64 = 16 * 1024;
+pub const MAX_LOCK_BODY: usize = 16 * 1024;
 /// How long a lock request body may take to arrive.
 const LOCK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -146,7 +146,7 @@ impl Locks {
         let owner = owner_of(&body)?;
         let label = label_of(&body)?;
         let ttl = self.ttl_of(&body)?;
-        let fingerprint = owner_fingerprint(&owner);
+        let fingerprint = Fingerprint(&owner);
         let deadline = started + wait;
         // Subscribed before the first attempt, so a release between a
         // failed attempt and the wait still wakes it; a caller that does
@@ -261,7 +261,7 @@ impl Locks {
             .map_err(|_| Error::InvalidRequest("Lock-Owner must be UTF-8".into()))?
             .to_string();
         check_name("Lock-Owner", &owner)?;
-        let fingerprint = owner_fingerprint(&owner);
+        let fingerprint = Fingerprint(&owner);
         match self.store.release(resource, &owner).await? {
             LockChange::Done(lock) => {
                 let held_ms = lock.now_ms - lock.acquired_at_ms;
@@ -350,7 +350,7 @@ impl Locks {
             ));
         }
         let ttl = self.ttl_of(&body)?;
-        let fingerprint = owner_fingerprint(&owner);
+        let fingerprint = Fingerprint(&owner);
         match self.store.renew(resource, &owner, ttl).await? {
             LockChange::Done(lock) => {
                 self.metrics.renewed();
@@ -515,6 +515,16 @@ pub fn owner_fingerprint(owner: &str) -> String {
     crate::hex::of(&Sha256::digest(owner.as_bytes())[..8])
 }
 
+/// An owner's fingerprint for a log line, computed only when the line is
+/// written: a line below the level in force costs no SHA-256.
+struct Fingerprint<'a>(&'a str);
+
+impl std::fmt::Display for Fingerprint<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&owner_fingerprint(self.0))
+    }
+}
+
 /// "fingerprint 0123456789abcdef, label \"report-worker\"" for details.
 fn describe_holder(lock: &LockRecord) -> String {
     let fingerprint = owner_fingerprint(&lock.owner);
@@ -607,7 +617,8 @@ async fn read_body(req: Request<Body>) -> Result<LockBody> {
             String::from_utf8_lossy(coding.as_bytes())
         )));
     }
-    let bytes = body::read_request(req.into_body(), MAX_LOCK_BODY, LOCK_BODY_TIMEOUT).await?;
+    let bytes =
+        body::read_request(req.into_body(), MAX_LOCK_BODY as u64, LOCK_BODY_TIMEOUT).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Error::InvalidBody(
             r#"expected a JSON object such as {"owner": "worker-a", "ttl_ms": 30000}"#.into(),

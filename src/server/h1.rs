@@ -1,19 +1,22 @@
-//! The proxy listener's own HTTP/1.1 loop, for the requests that make up
-//! nearly all of a proxy's traffic: HTTP/1.1, no body, no upgrade. Every
-//! other request, and every connection from its first such request on, is
-//! handed to hyper's server with the bytes read so far replayed.
+//! lockstep's own HTTP/1.1 loop, for the requests that make up nearly all
+//! of both listeners' traffic: HTTP/1.1, no upgrade, and no body or (where
+//! the listener allows, the admin listener's lock calls) a small one framed
+//! by `Content-Length` that came with its head. Every other request, and
+//! every connection from its first such request on, is handed to hyper's
+//! server with the bytes read so far replayed.
 //!
 //! Why: a 31 B passthrough cost lockstep about 30 k instructions against
 //! nginx's 20 k, and hyper's server side (its dispatcher, buffered I/O,
 //! head parsing and encoding around our handler) was about 9 k of them
-//! (`docs/performance.md`). This loop parses the head with httparse as
-//! hyper does, calls the same handler, and writes the answer's head and
-//! body straight into one buffer, in the request's own task.
+//! (`docs/performance.md`); a lock acquire and release, 131 k a pair, of
+//! which this loop saves 12 k. It parses the head with httparse as hyper
+//! does, calls the same handler, and writes the answer's head and body
+//! straight into one buffer, in the request's own task.
 //!
-//! Why hand over instead of doing everything: a request body (its length,
-//! chunked coding, `Expect: 100-continue`), an upgrade, HTTP/1.0's
-//! keep-alive rules, h2c's preface, trailers a client asked for with `TE`,
-//! and every head hyper would refuse with its own 4xx keep one
+//! Why hand over instead of doing everything: a body that is large,
+//! chunked, still on its way, or behind `Expect: 100-continue`, an upgrade,
+//! HTTP/1.0's keep-alive rules, h2c's preface, trailers a client asked for
+//! with `TE`, and every head hyper would refuse with its own 4xx keep one
 //! implementation each, hyper's, which `unparsable` already shapes. What
 //! this loop serves, it serves as hyper would: the same parser and limits,
 //! and the answer framed by hyper's rules for a server (`Content-Length`
@@ -21,9 +24,12 @@
 //! `Connection` merged into one line and `close` added when the connection
 //! ends after the answer), so a client cannot tell the two apart.
 //!
-//! What it does not do, like hyper on this listener (`half_close`): notice
-//! a client that leaves while its request is being handled. The answer is
-//! written, fails, and the connection ends.
+//! A client that leaves while its request is handled: where the listener
+//! keeps half-close off (the admin listener, whose lock acquires may wait),
+//! the loop reads on while the handler runs, and a close drops the handler
+//! unanswered, as hyper does there. With half-close on (the proxy
+//! listener), like hyper with it on, it notices only when it writes the
+//! answer, which fails, and the connection ends.
 
 use std::io::{self, IoSlice, Write as _};
 use std::mem::MaybeUninit;
@@ -64,6 +70,15 @@ pub struct Limits {
     /// A head not complete within this many bytes goes to hyper, which
     /// answers 431.
     pub max_head: usize,
+    /// A request body of at most this many bytes, framed by
+    /// `Content-Length` and read with its head, is served here; any other
+    /// body goes to hyper. 0: every body goes to hyper.
+    pub max_body: usize,
+    /// Whether a client that closes its connection while its request is
+    /// handled is noticed at once: the handler is dropped and nothing is
+    /// answered (hyper's behaviour with half-close off). Without it, the
+    /// loop notices when it writes the answer (hyper's with half-close on).
+    pub watch_hangup: bool,
 }
 
 /// How a connection left this loop.
@@ -107,7 +122,18 @@ where
             };
         fresh = false;
         let is_head = req.method() == Method::HEAD;
-        let resp = super::answer(handler, name, req, peer).await;
+        let answer = super::answer(handler, name, req, peer);
+        let resp = if limits.watch_hangup {
+            match unless_hung_up(io, &mut buf, limits.max_head, answer).await {
+                Some(resp) => resp,
+                None => {
+                    tracing::debug!(%peer, "client closed the connection while its request was handled");
+                    return End::Closed;
+                }
+            }
+        } else {
+            answer.await
+        };
         // Draining: this answer is the connection's last (hyper's graceful
         // shutdown does the same).
         let keep_alive = client_keeps_alive && !shutdown.is_cancelled();
@@ -128,32 +154,46 @@ where
     }
 }
 
+/// `answer`, unless the client closes the connection first: `None` then,
+/// and `answer` is dropped unfinished (a lock acquire waiting for a client
+/// that left gives up; nothing is answered).
+///
+/// What the client sends meanwhile (a pipelined request) is kept in `buf`
+/// for the loop, up to `max_head` bytes; beyond that nothing is read until
+/// the answer is out, as hyper does.
+async fn unless_hung_up<I, F>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    max_head: usize,
+    answer: F,
+) -> Option<Response<Body>>
+where
+    I: AsyncRead + Unpin,
+    F: std::future::Future<Output = Response<Body>>,
+{
+    tokio::pin!(answer);
+    loop {
+        if buf.capacity() - buf.len() < READ_SIZE / 4 && buf.len() < max_head {
+            buf.reserve(READ_SIZE);
+        }
+        let room = buf.len() < max_head;
+        tokio::select! {
+            biased;
+            resp = &mut answer => return Some(resp),
+            read = io.read_buf(buf), if room => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
 /// Whether `first`, a connection's first bytes, may be HTTP/2's preface
 /// (RFC 9113 §3.4), or the start of it.
 pub fn may_be_http2_preface(first: &[u8]) -> bool {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     let n = first.len().min(PREFACE.len());
     first[..n] == PREFACE[..n]
-}
-
-/// The first bytes of a connection that hyper serves from its start,
-/// within `timeout`; a drain closes the connection while none came.
-pub async fn first_bytes<I>(io: &mut I, timeout: Duration, shutdown: &CancellationToken) -> End
-where
-    I: AsyncRead + Unpin,
-{
-    let mut buf = BytesMut::with_capacity(READ_SIZE);
-    tokio::select! {
-        biased;
-        read = tokio::time::timeout(timeout, io.read_buf(&mut buf)) => match read {
-            Ok(Ok(n)) if n > 0 => End::HandOver {
-                first: buf.freeze(),
-                fresh: true,
-            },
-            _ => End::Closed,
-        },
-        () = shutdown.cancelled() => End::Closed,
-    }
 }
 
 // The request variant is the one nearly every call returns, consumed at
@@ -182,7 +222,7 @@ where
     timer.start(limits.header_read_timeout);
     loop {
         if !buf.is_empty() {
-            match parse(buf, spare, limits.max_head) {
+            match parse(buf, spare, limits.max_head, limits.max_body) {
                 Parsed::Request(req, keep_alive) => return Head::Request(req, keep_alive),
                 Parsed::Partial if buf.len() < limits.max_head => {}
                 Parsed::Partial | Parsed::NotOurs => return Head::HandOver(buf.split().freeze()),
@@ -258,13 +298,16 @@ enum Parsed {
 }
 
 /// Parses the head at the start of `buf` with hyper's parser settings.
-/// A request this loop serves is taken off `buf`; anything else stays,
-/// a head longer than `max_head` too (hyper refuses it with 431).
-fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize) -> Parsed {
+/// A request this loop serves is taken off `buf`, with its body when it
+/// has one of at most `max_body` bytes, framed by one `Content-Length`,
+/// already in `buf`; anything else stays, a head longer than `max_head`
+/// too (hyper refuses it with 431), and a body still on its way (hyper
+/// reads it, under the handler's own time limit).
+fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize, max_body: usize) -> Parsed {
     // Where each header's name and value lie in `buf`: the parse borrows
     // `buf`, the request is built once the head is split off it.
     let mut spans = [[0u32; 4]; MAX_HEADERS];
-    let (len, method, path, count, keep_alive) = {
+    let (len, method, path, count, keep_alive, body_len) = {
         let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);
         let len = match httparse::ParserConfig::default()
@@ -291,18 +334,22 @@ fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize) -> Parsed {
         }
         let base = buf.as_ptr() as usize;
         let mut keep_alive = true;
+        let mut body_len = None;
         for (h, span) in req.headers.iter().zip(spans.iter_mut()) {
             let name = h.name.as_bytes();
-            // A body, an upgrade, `Expect`, or trailers asked for: hyper's.
-            if [
-                &b"content-length"[..],
-                b"transfer-encoding",
-                b"expect",
-                b"upgrade",
-                b"te",
-            ]
-            .iter()
-            .any(|n| name.eq_ignore_ascii_case(n))
+            if name.eq_ignore_ascii_case(b"content-length") {
+                // One plain length within the limit; a list, a repeat or
+                // anything odd is hyper's to judge.
+                match (body_len, small_length(h.value, max_body)) {
+                    (None, Some(n)) if max_body > 0 => body_len = Some(n),
+                    _ => return Parsed::NotOurs,
+                }
+            }
+            // A chunked body, an upgrade, `Expect`, or trailers asked for:
+            // hyper's.
+            if [&b"transfer-encoding"[..], b"expect", b"upgrade", b"te"]
+                .iter()
+                .any(|n| name.eq_ignore_ascii_case(n))
             {
                 return Parsed::NotOurs;
             }
@@ -331,10 +378,14 @@ fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize) -> Parsed {
             path_at..path_at + path.len(),
             req.headers.len(),
             keep_alive,
+            body_len.unwrap_or(0),
         )
     };
+    if buf.len() - len < body_len {
+        return Parsed::NotOurs;
+    }
     let head = buf.split_to(len).freeze();
-    let Some(req) = build(&head, method, path, &spans[..count], spare) else {
+    let Some(mut req) = build(&head, method, path, &spans[..count], spare) else {
         // Something http's types refuse that httparse let through: put the
         // head back in front of what followed it, for hyper.
         let mut all = BytesMut::with_capacity(head.len() + buf.len());
@@ -343,7 +394,20 @@ fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize) -> Parsed {
         *buf = all;
         return Parsed::NotOurs;
     };
+    if body_len > 0 {
+        *req.body_mut() = body::full(buf.split_to(body_len).freeze());
+    }
     Parsed::Request(req, keep_alive)
+}
+
+/// A `Content-Length` value of at most `max` as a number: digits only, as
+/// hyper reads a request's length (no sign, no list).
+fn small_length(value: &[u8], max: usize) -> Option<usize> {
+    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = std::str::from_utf8(value).ok()?.parse::<u64>().ok()?;
+    usize::try_from(n).ok().filter(|&n| n <= max)
 }
 
 /// The request a parsed head stands for, its parts sharing `head`'s bytes.
@@ -835,6 +899,7 @@ mod tests {
     use std::collections::VecDeque;
     use std::convert::Infallible;
     use std::future::Future;
+    use std::sync::Arc;
 
     use http_body::Frame;
     use hyper_util::rt::TokioIo;
@@ -977,6 +1042,8 @@ mod tests {
     const LIMITS: Limits = Limits {
         header_read_timeout: Duration::from_secs(5),
         max_head: 8192,
+        max_body: 0,
+        watch_hangup: false,
     };
 
     /// The loop over `io` with [`Scripted`] as its handler.
@@ -1162,7 +1229,7 @@ mod tests {
         );
         let mut buf = BytesMut::from(big.as_bytes());
         assert!(matches!(
-            parse(&mut buf, &mut HeaderMap::new(), 8192),
+            parse(&mut buf, &mut HeaderMap::new(), 8192, 0),
             Parsed::NotOurs
         ));
         assert_eq!(buf, big.as_bytes());
@@ -1274,7 +1341,7 @@ mod tests {
             "GET //double//slash HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
         ] {
             let mut buf = BytesMut::from(head.as_bytes());
-            let Parsed::Request(ours, _) = parse(&mut buf, &mut HeaderMap::new(), 8192) else {
+            let Parsed::Request(ours, _) = parse(&mut buf, &mut HeaderMap::new(), 8192, 0) else {
                 panic!("not served here: {head:?}");
             };
             assert!(buf.is_empty());
@@ -1295,6 +1362,238 @@ mod tests {
             assert!(got.starts_with(b"HTTP/1.1 200"), "{head:?}");
             assert_eq!(seen(&ours), rx.recv().await.unwrap(), "{head:?}");
         }
+    }
+
+    /// A request's body as the handler reads it.
+    async fn body_of(req: Request<Body>) -> Bytes {
+        use http_body_util::BodyExt;
+        req.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_small_body_that_came_with_its_head_is_served_here() {
+        let head = "POST /locks/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\n";
+        for (rest, body) in [("hello", "hello"), ("helloGET /y", "hello")] {
+            let input = format!("{head}{rest}");
+            let mut buf = BytesMut::from(input.as_bytes());
+            let Parsed::Request(ours, keep_alive) =
+                parse(&mut buf, &mut HeaderMap::new(), 8192, 16)
+            else {
+                panic!("not served here: {input:?}");
+            };
+            assert!(keep_alive);
+            // What follows the body stays for the next request.
+            assert_eq!(buf, input.as_bytes()[head.len() + body.len()..]);
+            // The handler sees what hyper's server would show it.
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let got = exchange(
+                format!("{head}{body}GET /end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+                |io| async move {
+                    let service =
+                        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                            let tx = tx.clone();
+                            async move {
+                                let req = req.map(body::boxed);
+                                let seen = seen(&req);
+                                let _ = tx.send((seen, body_of(req).await));
+                                Ok::<_, Infallible>(Response::new(body::empty()))
+                            }
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(io), service)
+                        .await;
+                },
+            )
+            .await;
+            assert!(got.starts_with(b"HTTP/1.1 200"), "{input:?}");
+            let seen_ours = seen(&ours);
+            assert_eq!((seen_ours, body_of(ours).await), rx.recv().await.unwrap());
+        }
+        // An empty body, by its length.
+        let mut buf =
+            BytesMut::from(&b"DELETE /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"[..]);
+        let Parsed::Request(ours, _) = parse(&mut buf, &mut HeaderMap::new(), 8192, 16) else {
+            panic!("not served here");
+        };
+        assert!(buf.is_empty());
+        assert!(ours.body().is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn other_bodies_stay_for_hyper() {
+        let cases = [
+            // Over the limit.
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\naaaaaaaaaaaaaaaaa"),
+            // Still on its way.
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nh"),
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"),
+            // Lengths hyper judges: repeated, a list, signed, empty, huge.
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi"),
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 2\r\n\r\nhi"),
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: +2\r\n\r\nhi"),
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n\r\nhi"),
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\nhi"),
+            // A length beside a coding, or a body that waits for 100.
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+            (16, "POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"),
+            // A listener that serves no body here, not even an empty one.
+            (0, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"),
+        ];
+        for (max_body, input) in cases {
+            let mut buf = BytesMut::from(input.as_bytes());
+            assert!(
+                matches!(
+                    parse(&mut buf, &mut HeaderMap::new(), 8192, max_body),
+                    Parsed::NotOurs
+                ),
+                "{input:?}"
+            );
+            assert_eq!(buf, input.as_bytes(), "{input:?}");
+        }
+    }
+
+    /// `/slow` waits until `release` fires (or forever), and marks `dropped`
+    /// if it is dropped before; anything else answers at once.
+    #[derive(Clone)]
+    struct Slow {
+        release: Arc<tokio::sync::Notify>,
+        dropped: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct MarkOnDrop(Arc<std::sync::atomic::AtomicBool>, bool);
+
+    impl Drop for MarkOnDrop {
+        fn drop(&mut self) {
+            if !self.1 {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+
+    impl Handler for Slow {
+        fn call(
+            &self,
+            req: Request<Body>,
+            _peer: SocketAddr,
+        ) -> impl Future<Output = Response<Body>> + Send {
+            let this = self.clone();
+            async move {
+                if req.uri().path() != "/slow" {
+                    return Response::new(body::full("quick"));
+                }
+                let mut mark = MarkOnDrop(this.dropped.clone(), false);
+                this.release.notified().await;
+                mark.1 = true;
+                Response::new(body::full("slow"))
+            }
+        }
+    }
+
+    fn slow() -> Slow {
+        Slow {
+            release: Arc::new(tokio::sync::Notify::new()),
+            dropped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_while_its_request_is_handled_ends_it_where_watched() {
+        use std::sync::atomic::Ordering;
+        let watched = Limits {
+            watch_hangup: true,
+            ..LIMITS
+        };
+        // Watched: the client's close drops the handler, nothing is written.
+        let handler = slow();
+        let (mut client, mut server) = duplex(1024);
+        client
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let served = tokio::spawn({
+            let handler = handler.clone();
+            async move {
+                let shutdown = CancellationToken::new();
+                serve(&mut server, &handler, "test", peer(), watched, &shutdown).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!served.is_finished(), "the request is still being handled");
+        drop(client);
+        let end = tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the loop did not notice the client leave")
+            .unwrap();
+        assert!(matches!(end, End::Closed));
+        assert!(
+            handler.dropped.load(Ordering::SeqCst),
+            "the handler was not dropped"
+        );
+
+        // Not watched (half-close on): the handler runs on after the close.
+        let handler = slow();
+        let (mut client, mut server) = duplex(1024);
+        client
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let served = tokio::spawn({
+            let handler = handler.clone();
+            async move {
+                let shutdown = CancellationToken::new();
+                serve(&mut server, &handler, "test", peer(), LIMITS, &shutdown).await
+            }
+        });
+        drop(client);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!served.is_finished() && !handler.dropped.load(Ordering::SeqCst));
+        handler.release.notify_one();
+        let end = tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(end, End::Closed));
+        assert!(!handler.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_request_pipelined_while_one_is_watched_is_answered_after_it() {
+        let watched = Limits {
+            watch_hangup: true,
+            ..LIMITS
+        };
+        let handler = slow();
+        let (mut client, mut server) = duplex(64 * 1024);
+        let served = tokio::spawn({
+            let handler = handler.clone();
+            async move {
+                let shutdown = CancellationToken::new();
+                serve(&mut server, &handler, "test", peer(), watched, &shutdown).await
+            }
+        });
+        client
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Read by the watch while /slow is pending, kept for the loop.
+        client
+            .write_all(b"GET /next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        handler.release.notify_one();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut got))
+            .await
+            .expect("the server did not close")
+            .unwrap();
+        let got = String::from_utf8(got).unwrap();
+        let slow_at = got.find("\r\n\r\nslow").expect("no answer to /slow");
+        let quick_at = got.find("\r\n\r\nquick").expect("no answer to /next");
+        assert!(slow_at < quick_at, "{got}");
+        assert!(matches!(served.await.unwrap(), End::Closed));
     }
 
     #[test]

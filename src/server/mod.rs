@@ -1,7 +1,7 @@
-//! The edge: listeners, TLS, the accept loop, and graceful drain. On the
-//! proxy listener an accepted connection is served by [`h1`]'s own loop
-//! while its requests are HTTP/1.1 without a body; from the first other
-//! request on (and on the admin listener from the start) by hyper: its
+//! The edge: listeners, TLS, the accept loop, and graceful drain. An
+//! accepted connection is served by [`h1`]'s own loop while its requests
+//! are HTTP/1.1 without a body (on the admin listener, or with a small one
+//! that came with its head); from the first other request on by hyper: its
 //! HTTP/1 server, or hyper-util's auto builder where the connection may be
 //! HTTP/2 (by ALPN over TLS, or with prior knowledge, h2c, in the clear).
 //! Every connection runs as a task of one `TaskTracker`, so SIGTERM stops
@@ -50,13 +50,14 @@ pub struct ConnSettings {
     /// still get the answer (RFC 9112 §9.6). The price is that a client
     /// that leaves mid-request is noticed only when the answer is written,
     /// so the admin listener, where a lock acquire may wait for a client
-    /// that is gone, keeps it off.
-    ///
-    /// It also decides who serves HTTP/1.1 requests without a body: with
-    /// half-close on, [`h1`]'s own loop (see `h1` for why), which notices
-    /// a client gone only when it writes the answer, as hyper then does;
-    /// with it off, hyper's server throughout.
+    /// that is gone, keeps it off: there, [`h1`]'s loop and hyper both
+    /// drop a request whose client closed the connection.
     pub half_close: bool,
+    /// Request bodies up to this many bytes, framed by `Content-Length`
+    /// and arriving with their head, are served by [`h1`]'s loop; larger
+    /// or chunked ones by hyper. The admin listener's lock calls carry
+    /// such bodies; the proxy listener keeps 0 (its writes go to hyper).
+    pub max_lean_body: usize,
 }
 
 /// Something that answers requests: the proxy router or the admin router.
@@ -130,6 +131,8 @@ pub async fn serve<H: Handler>(
     let limits = h1::Limits {
         header_read_timeout: settings.limits.header_read_timeout,
         max_head,
+        max_body: settings.max_lean_body,
+        watch_hangup: !settings.half_close,
     };
 
     loop {
@@ -156,7 +159,6 @@ pub async fn serve<H: Handler>(
             handler: handler.clone(),
             builder: builder.clone(),
             http1: http1.clone(),
-            lean: settings.half_close,
             limits,
             shutdown: shutdown.clone(),
         };
@@ -249,35 +251,26 @@ struct Connection<H> {
     handler: Arc<H>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     http1: Arc<hyper::server::conn::http1::Builder>,
-    /// Whether [`h1`] serves the simple requests.
-    lean: bool,
     limits: h1::Limits,
     shutdown: CancellationToken,
 }
 
 impl<H: Handler> Connection<H> {
-    /// Serves the (handshaken) connection to its end: [`h1`]'s loop first
-    /// where the listener has it, hyper from the first request it hands on.
+    /// Serves the (handshaken) connection to its end: [`h1`]'s loop first,
+    /// hyper from the first request it hands on.
     async fn serve<I>(self, mut io: I)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let end = if self.lean {
-            h1::serve(
-                &mut io,
-                &*self.handler,
-                self.name,
-                self.peer,
-                self.limits,
-                &self.shutdown,
-            )
-            .await
-        } else {
-            // hyper-util's auto builder waits for a connection's first
-            // bytes, to tell HTTP/1 from HTTP/2, without a timeout: they
-            // must come within the header read timeout here too.
-            h1::first_bytes(&mut io, self.limits.header_read_timeout, &self.shutdown).await
-        };
+        let end = h1::serve(
+            &mut io,
+            &*self.handler,
+            self.name,
+            self.peer,
+            self.limits,
+            &self.shutdown,
+        )
+        .await;
         let (first, fresh) = match end {
             h1::End::Closed => return,
             h1::End::HandOver { first, fresh } => (first, fresh),

@@ -80,7 +80,7 @@ impl Values {
         let value = self
             .0
             .get(index)
-            .ok_or(sqlx::Error::ColumnIndexOutOfBounds {
+            .ok_or_else(|| sqlx::Error::ColumnIndexOutOfBounds {
                 index,
                 len: self.0.len(),
             })?;
