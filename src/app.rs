@@ -181,7 +181,6 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             .transpose()?,
         limits: cfg.conn.clone(),
         half_close: true,
-        max_lean_body: 0,
     };
     let stop = CancellationToken::new();
     let worker_count = match c.server.workers {
@@ -205,8 +204,6 @@ pub async fn run(cfg: Validated, shutdown: impl Future<Output = ()>) -> Result<(
             .map(|cert| cert.server_config(cfg.admin_client_ca.as_deref()))
             .transpose()?,
         half_close: false,
-        // A lock call's whole body.
-        max_lean_body: locks::MAX_LOCK_BODY,
         ..conn.clone()
     };
     let admin = tokio::spawn(server::serve(

@@ -211,8 +211,9 @@ async fn wait_returns_as_soon_as_the_holder_releases(db: DbKind) {
 
 /// A waiting acquire whose client closes its connection gives up: the
 /// release that follows leaves the lock free, not granted to no one.
-/// Sent both ways a client may send it: head and body in one write, and
-/// the body after a pause.
+/// Sent both ways a client may send it: head and body in one write (served
+/// by lockstep's own loop), and the body after a pause longer than that
+/// loop waits for it (served by hyper).
 async fn a_waiter_whose_client_hangs_up_is_dropped(db: DbKind) {
     use tokio::io::AsyncWriteExt;
     let db = Db::fresh(db).await;
@@ -233,7 +234,7 @@ async fn a_waiter_whose_client_hangs_up_is_dropped(db: DbKind) {
             .unwrap();
         if split {
             conn.write_all(head.as_bytes()).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
             conn.write_all(body.as_bytes()).await.unwrap();
         } else {
             conn.write_all(format!("{head}{body}").as_bytes())

@@ -44,7 +44,7 @@ use metrics::{Expiry, Grant, LockMetrics, LockOp};
 /// Longest resource name, owner and label, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
 /// Largest lock request body.
-pub const MAX_LOCK_BODY: usize = 16 * 1024;
+const MAX_LOCK_BODY: u64 = 16 * 1024;
 /// How long a lock request body may take to arrive.
 const LOCK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -617,8 +617,7 @@ async fn read_body(req: Request<Body>) -> Result<LockBody> {
             String::from_utf8_lossy(coding.as_bytes())
         )));
     }
-    let bytes =
-        body::read_request(req.into_body(), MAX_LOCK_BODY as u64, LOCK_BODY_TIMEOUT).await?;
+    let bytes = body::read_request(req.into_body(), MAX_LOCK_BODY, LOCK_BODY_TIMEOUT).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Error::InvalidBody(
             r#"expected a JSON object such as {"owner": "worker-a", "ttl_ms": 30000}"#.into(),

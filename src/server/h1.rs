@@ -1,20 +1,22 @@
 //! lockstep's own HTTP/1.1 loop, for the requests that make up nearly all
-//! of both listeners' traffic: HTTP/1.1, no upgrade, and no body or (where
-//! the listener allows, the admin listener's lock calls) a small one framed
-//! by `Content-Length` that came with its head. Every other request, and
-//! every connection from its first such request on, is handed to hyper's
-//! server with the bytes read so far replayed.
+//! of both listeners' traffic: HTTP/1.1, no upgrade, and no body or a small
+//! one (at most [`MAX_BODY`], framed by one `Content-Length`: a lock call, a
+//! checked write). Every other request, and every connection from its
+//! first such request on, is handed to hyper's server with the bytes read
+//! so far replayed.
 //!
 //! Why: a 31 B passthrough cost lockstep about 30 k instructions against
 //! nginx's 20 k, and hyper's server side (its dispatcher, buffered I/O,
-//! head parsing and encoding around our handler) was about 9 k of them
-//! (`docs/performance.md`); a lock acquire and release, 131 k a pair, of
-//! which this loop saves 12 k. It parses the head with httparse as hyper
-//! does, calls the same handler, and writes the answer's head and body
-//! straight into one buffer, in the request's own task.
+//! head parsing and encoding around our handler) was about 9 k of them; a
+//! lock acquire and release 131 k a pair, of which this loop saves 12 k,
+//! and a checked PATCH 147 k, of which it saves 7 k (`docs/performance.md`).
+//! It parses the head with httparse as hyper does, calls the same handler,
+//! and writes the answer's head and body straight into one buffer, in the
+//! request's own task.
 //!
 //! Why hand over instead of doing everything: a body that is large,
-//! chunked, still on its way, or behind `Expect: 100-continue`, an upgrade,
+//! chunked, slow (not all in within [`BODY_GRACE`] of its head), or behind
+//! `Expect: 100-continue`, an upgrade,
 //! HTTP/1.0's keep-alive rules, h2c's preface, trailers a client asked for
 //! with `TE`, and every head hyper would refuse with its own 4xx keep one
 //! implementation each, hyper's, which `unparsable` already shapes. What
@@ -60,6 +62,14 @@ const READ_SIZE: usize = 8 * 1024;
 /// Body frames up to this size are copied beside the head (one write for a
 /// small answer); larger ones are written from their own buffer.
 const COPY_UP_TO: usize = 16 * 1024;
+/// The largest request body served here (framed by `Content-Length`): a
+/// lock call's, a small write's. Larger ones stream through hyper.
+pub const MAX_BODY: usize = 16 * 1024;
+/// How long the rest of a body this loop serves may take once its head is
+/// in: bodies sent apart from their head come right after it (a second
+/// write, a segment held back by Nagle's algorithm until the head's ACK).
+/// One that takes longer goes to hyper, whose handler times it out.
+const BODY_GRACE: Duration = Duration::from_millis(200);
 /// Ready frames are gathered up to about this many bytes before a write.
 const WRITE_AT: usize = 64 * 1024;
 
@@ -220,11 +230,19 @@ where
     I: AsyncRead + Unpin,
 {
     timer.start(limits.header_read_timeout);
+    // Set once a complete head waits for the rest of its body.
+    let mut body_pending = false;
     loop {
         if !buf.is_empty() {
             match parse(buf, spare, limits.max_head, limits.max_body) {
                 Parsed::Request(req, keep_alive) => return Head::Request(req, keep_alive),
                 Parsed::Partial if buf.len() < limits.max_head => {}
+                Parsed::BodyPending => {
+                    if !body_pending {
+                        body_pending = true;
+                        timer.cut_to(BODY_GRACE);
+                    }
+                }
                 Parsed::Partial | Parsed::NotOurs => return Head::HandOver(buf.split().freeze()),
             }
         }
@@ -236,8 +254,14 @@ where
             biased;
             r = io.read_buf(buf) => r,
             // hyper, too, closes without an answer when the head does not
-            // come in time.
-            () = timer.expired() => return Head::Closed,
+            // come in time. A body slower than its grace is hyper's.
+            () = timer.expired() => {
+                return if body_pending {
+                    Head::HandOver(buf.split().freeze())
+                } else {
+                    Head::Closed
+                };
+            }
             // Between requests a drain closes the connection at once.
             () = &mut drain, if idle => return Head::Closed,
         };
@@ -276,6 +300,16 @@ impl HeadTimer {
         self.deadline = Instant::now() + timeout;
     }
 
+    /// Brings the deadline forward to `timeout` from now, if that is
+    /// sooner (the one case that moves the timer under it).
+    fn cut_to(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        if deadline < self.deadline {
+            self.deadline = deadline;
+            self.sleep.as_mut().reset(deadline);
+        }
+    }
+
     /// Resolves once the deadline has passed.
     async fn expired(&mut self) {
         loop {
@@ -293,16 +327,17 @@ enum Parsed {
     /// A request, and whether its client keeps the connection alive.
     Request(Request<Body>, bool),
     Partial,
+    /// A complete head whose body this loop serves, not all read yet.
+    BodyPending,
     /// Complete or not, a request for hyper to serve.
     NotOurs,
 }
 
 /// Parses the head at the start of `buf` with hyper's parser settings.
 /// A request this loop serves is taken off `buf`, with its body when it
-/// has one of at most `max_body` bytes, framed by one `Content-Length`,
-/// already in `buf`; anything else stays, a head longer than `max_head`
-/// too (hyper refuses it with 431), and a body still on its way (hyper
-/// reads it, under the handler's own time limit).
+/// has one of at most `max_body` bytes, framed by one `Content-Length`
+/// (until all of it is in `buf`, the head stays there too); anything else
+/// stays, a head longer than `max_head` too (hyper refuses it with 431).
 fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize, max_body: usize) -> Parsed {
     // Where each header's name and value lie in `buf`: the parse borrows
     // `buf`, the request is built once the head is split off it.
@@ -382,7 +417,7 @@ fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize, max_body: u
         )
     };
     if buf.len() - len < body_len {
-        return Parsed::NotOurs;
+        return Parsed::BodyPending;
     }
     let head = buf.split_to(len).freeze();
     let Some(mut req) = build(&head, method, path, &spans[..count], spare) else {
@@ -1425,9 +1460,6 @@ mod tests {
         let cases = [
             // Over the limit.
             (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\naaaaaaaaaaaaaaaaa"),
-            // Still on its way.
-            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nh"),
-            (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"),
             // Lengths hyper judges: repeated, a list, signed, empty, huge.
             (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi"),
             (16, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 2\r\n\r\nhi"),
@@ -1451,6 +1483,57 @@ mod tests {
             );
             assert_eq!(buf, input.as_bytes(), "{input:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_body_sent_after_its_head_is_waited_for_briefly() {
+        // Not all in yet: nothing is taken off the buffer.
+        for input in [
+            "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nh",
+            "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n",
+        ] {
+            let mut buf = BytesMut::from(input.as_bytes());
+            assert!(
+                matches!(
+                    parse(&mut buf, &mut HeaderMap::new(), 8192, 16),
+                    Parsed::BodyPending
+                ),
+                "{input:?}"
+            );
+            assert_eq!(buf, input.as_bytes());
+        }
+        let limits = Limits {
+            max_body: 16,
+            ..LIMITS
+        };
+        let head = "POST /200/Full/0 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n";
+        // The body a moment after the head (a second write): served here.
+        let (mut client, mut server) = duplex(64 * 1024);
+        let served = tokio::spawn(async move {
+            serve_scripted(&mut server, limits, &CancellationToken::new()).await
+        });
+        client.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        client.write_all(b"hi").await.unwrap();
+        let mut answer = [0; 256];
+        let n = client.read(&mut answer).await.unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+        drop(client);
+        assert!(matches!(served.await.unwrap(), End::Closed), "handed over");
+        // A body slower than the grace: hyper's, with what came of it.
+        let (mut client, mut server) = duplex(64 * 1024);
+        client
+            .write_all(format!("{head}h").as_bytes())
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let end = serve_scripted(&mut server, limits, &CancellationToken::new()).await;
+        let End::HandOver { first, fresh } = end else {
+            panic!("not handed over");
+        };
+        assert!(started.elapsed() >= BODY_GRACE);
+        assert!(fresh);
+        assert_eq!(first, format!("{head}h").as_bytes());
     }
 
     /// `/slow` waits until `release` fires (or forever), and marks `dropped`

@@ -1,7 +1,7 @@
 //! The edge: listeners, TLS, the accept loop, and graceful drain. An
 //! accepted connection is served by [`h1`]'s own loop while its requests
-//! are HTTP/1.1 without a body (on the admin listener, or with a small one
-//! that came with its head); from the first other request on by hyper: its
+//! are HTTP/1.1 without a body or with a small one; from the first other
+//! request on by hyper: its
 //! HTTP/1 server, or hyper-util's auto builder where the connection may be
 //! HTTP/2 (by ALPN over TLS, or with prior knowledge, h2c, in the clear).
 //! Every connection runs as a task of one `TaskTracker`, so SIGTERM stops
@@ -53,11 +53,6 @@ pub struct ConnSettings {
     /// that is gone, keeps it off: there, [`h1`]'s loop and hyper both
     /// drop a request whose client closed the connection.
     pub half_close: bool,
-    /// Request bodies up to this many bytes, framed by `Content-Length`
-    /// and arriving with their head, are served by [`h1`]'s loop; larger
-    /// or chunked ones by hyper. The admin listener's lock calls carry
-    /// such bodies; the proxy listener keeps 0 (its writes go to hyper).
-    pub max_lean_body: usize,
 }
 
 /// Something that answers requests: the proxy router or the admin router.
@@ -131,7 +126,7 @@ pub async fn serve<H: Handler>(
     let limits = h1::Limits {
         header_read_timeout: settings.limits.header_read_timeout,
         max_head,
-        max_body: settings.max_lean_body,
+        max_body: h1::MAX_BODY,
         watch_hangup: !settings.half_close,
     };
 
