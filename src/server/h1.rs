@@ -28,8 +28,9 @@
 //!
 //! A client that leaves while its request is handled: where the listener
 //! keeps half-close off (the admin listener, whose lock acquires may wait),
-//! the loop reads on while the handler runs, and a close drops the handler
-//! unanswered, as hyper does there. With half-close on (the proxy
+//! the loop reads on while the handler runs and nothing else of the
+//! client's is waiting, and a close drops the handler unanswered, as hyper
+//! does there. With half-close on (the proxy
 //! listener), like hyper with it on, it notices only when it writes the
 //! answer, which fails, and the connection ends.
 
@@ -134,7 +135,7 @@ where
         let is_head = req.method() == Method::HEAD;
         let answer = super::answer(handler, name, req, peer);
         let resp = if limits.watch_hangup {
-            match unless_hung_up(io, &mut buf, limits.max_head, answer).await {
+            match unless_hung_up(io, &mut buf, answer).await {
                 Some(resp) => resp,
                 None => {
                     tracing::debug!(%peer, "client closed the connection while its request was handled");
@@ -168,29 +169,25 @@ where
 /// and `answer` is dropped unfinished (a lock acquire waiting for a client
 /// that left gives up; nothing is answered).
 ///
-/// What the client sends meanwhile (a pipelined request) is kept in `buf`
-/// for the loop, up to `max_head` bytes; beyond that nothing is read until
-/// the answer is out, as hyper does.
-async fn unless_hung_up<I, F>(
-    io: &mut I,
-    buf: &mut BytesMut,
-    max_head: usize,
-    answer: F,
-) -> Option<Response<Body>>
+/// As hyper does with half-close off: it reads only while nothing of the
+/// client's is waiting in `buf`. Once a pipelined request has come, it is
+/// kept for the loop and the watch ends, so a client that pipelines and
+/// then closes its sending side still gets every answer.
+async fn unless_hung_up<I, F>(io: &mut I, buf: &mut BytesMut, answer: F) -> Option<Response<Body>>
 where
     I: AsyncRead + Unpin,
     F: std::future::Future<Output = Response<Body>>,
 {
     tokio::pin!(answer);
     loop {
-        if buf.capacity() - buf.len() < READ_SIZE / 4 && buf.len() < max_head {
+        if buf.capacity() - buf.len() < READ_SIZE / 4 {
             buf.reserve(READ_SIZE);
         }
-        let room = buf.len() < max_head;
+        let watch = buf.is_empty();
         tokio::select! {
             biased;
             resp = &mut answer => return Some(resp),
-            read = io.read_buf(buf), if room => match read {
+            read = io.read_buf(buf), if watch => match read {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {}
             },
@@ -1638,6 +1635,45 @@ mod tests {
             .unwrap();
         assert!(matches!(end, End::Closed));
         assert!(!handler.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_pipelines_and_then_half_closes_gets_every_answer() {
+        let watched = Limits {
+            watch_hangup: true,
+            ..LIMITS
+        };
+        let handler = slow();
+        let (client, mut server) = duplex(64 * 1024);
+        let (mut reader, mut writer) = tokio::io::split(client);
+        let served = tokio::spawn({
+            let handler = handler.clone();
+            async move {
+                let shutdown = CancellationToken::new();
+                serve(&mut server, &handler, "test", peer(), watched, &shutdown).await
+            }
+        });
+        writer
+            .write_all(
+                b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /next HTTP/1.1\r\nHost: x\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        // The client's sending side closes while /slow is handled.
+        writer.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!handler.dropped.load(std::sync::atomic::Ordering::SeqCst));
+        handler.release.notify_one();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut got))
+            .await
+            .expect("the server did not close")
+            .unwrap();
+        let got = String::from_utf8(got).unwrap();
+        let slow_at = got.find("\r\n\r\nslow").expect("no answer to /slow");
+        let quick_at = got.find("\r\n\r\nquick").expect("no answer to /next");
+        assert!(slow_at < quick_at, "{got}");
+        assert!(matches!(served.await.unwrap(), End::Closed));
     }
 
     #[tokio::test]
