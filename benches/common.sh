@@ -439,11 +439,12 @@ timed_client() {
 # lock_load_run NAME ADDR CLIENTS [ARGS…]: benches/lock_load.rs (ARGS passed
 # on, e.g. --protocol redis), a warm-up of WARMUP s
 # (when > 0), then a measured run of DURATION s into $TMP/lock-NAME.txt
-# (its LOCKS line); sets LOAD_US to the CPU time (µs) the load generator
-# used in the measured run. With CPU_GROUP set, sets CPU_US to that process
-# group's CPU time in the same run.
+# (its LOCKS or PATCHES line); sets LOAD_US to the CPU time (µs) the load
+# generator used in the measured run. With CPU_GROUP set, sets CPU_US to
+# that process group's CPU time in the same run, and with BACKEND_GROUP set,
+# BACKEND_US to the backend's.
 lock_load_run() {
-    local name=$1 addr=$2 clients=$3 before
+    local name=$1 addr=$2 clients=$3 before backend_before
     shift 3
     local extra=("$@")
     # ll PHASE SECONDS OUT: one lock_load run, its resources named after PHASE.
@@ -458,8 +459,12 @@ lock_load_run() {
     fi
     log "$name: lock_load --clients $clients --seconds $DURATION, $addr"
     [[ -n ${CPU_GROUP:-} ]] && before=$(group_ticks "$CPU_GROUP")
+    [[ -n ${BACKEND_GROUP:-} ]] && backend_before=$(group_ticks "$BACKEND_GROUP")
     ll measure "$DURATION" "$TMP/lock-$name.txt"
     CPU_US=0
+    BACKEND_US=0
     [[ -n ${CPU_GROUP:-} ]] && CPU_US=$((($(group_ticks "$CPU_GROUP") - before) * 1000000 / CLK_TCK))
+    [[ -n ${BACKEND_GROUP:-} ]] &&
+        BACKEND_US=$((($(group_ticks "$BACKEND_GROUP") - backend_before) * 1000000 / CLK_TCK))
     return 0
 }

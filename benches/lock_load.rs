@@ -19,7 +19,7 @@
 //! as a script, by `EVALSHA` as client libraries send it).
 //!
 //!     lock_load --addr 127.0.0.1:9090 --clients 32 --seconds 8 --run NAME [--ttl-ms 30000]
-//!               [--protocol http|redis]
+//!               [--protocol http|redis|patch]
 //!
 //! Client `i` alternates, on its own connection and its own resource,
 //!     POST   /locks/bench:NAME:i   {"owner":"wi","ttl_ms":TTL}  -> 200
@@ -31,6 +31,16 @@
 //! owner, :0, as 404), and the run ends with one line:
 //!     LOCKS pairs=N post_ok=N post_bad=N del_ok=N del_bad=N statuses=409:3 seconds=S p99_ms=X
 //! p99 is over single requests (round trips), as wrk reports it.
+//!
+//! `--protocol patch` drives the benchmark's write rows the same way, for
+//! the same reason (one wrk thread per connection, which a per-connection
+//! `If-Match` needed, cost the lockstep row twice the client CPU per
+//! request of the nginx row on the 2 shared CPUs). Client `i` sends, one
+//! after another on its own connection,
+//!     PATCH /items/i   {"title":"bench"}   If-Match: <the last answer's ETag>
+//! (no `If-Match` on its first request, nor after an answer without an
+//! `ETag`, as from a plain nginx proxy), and the run ends with one line:
+//!     PATCHES ok=N bad=N statuses=409:3 seconds=S p99_ms=X
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -51,6 +61,7 @@ struct Args {
 enum Protocol {
     Http,
     Redis,
+    Patch,
 }
 
 /// The owner-checked release of the Redis lock recipe: delete the key only
@@ -81,7 +92,8 @@ fn args() -> Result<Args, String> {
                 a.protocol = match value.as_str() {
                     "http" => Protocol::Http,
                     "redis" => Protocol::Redis,
-                    _ => return Err(bad(&"expected http or redis")),
+                    "patch" => Protocol::Patch,
+                    _ => return Err(bad(&"expected http, redis or patch")),
                 }
             }
             _ => return Err(format!("unknown flag {flag}")),
@@ -107,8 +119,13 @@ struct Tally {
 
 /// One HTTP/1.1 exchange on a keep-alive connection: writes `request`,
 /// reads one response (status line, headers, a `Content-Length` body) and
-/// returns its status. `buf` carries bytes read past the response.
-async fn exchange(conn: &mut TcpStream, request: &[u8], buf: &mut Vec<u8>) -> std::io::Result<u16> {
+/// returns its status and its `ETag`. `buf` carries bytes read past the
+/// response.
+async fn exchange(
+    conn: &mut TcpStream,
+    request: &[u8],
+    buf: &mut Vec<u8>,
+) -> std::io::Result<(u16, Option<String>)> {
     conn.write_all(request).await?;
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -121,17 +138,21 @@ async fn exchange(conn: &mut TcpStream, request: &[u8], buf: &mut Vec<u8>) -> st
         .get(9..12)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("bad status line in {head:?}")))?;
-    let length: usize = head
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse().ok())
+    let header = |wanted: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+            .map(|(_, v)| v.trim())
+    };
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let etag = header("etag").map(str::to_owned);
     while buf.len() < head_end + length {
         read_more(conn, buf).await?;
     }
     buf.drain(..head_end + length);
-    Ok(status)
+    Ok((status, etag))
 }
 
 async fn read_more(conn: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<()> {
@@ -242,6 +263,9 @@ impl Pair {
                     release: release.into_bytes(),
                 }
             }
+            Protocol::Patch => {
+                return Err(std::io::Error::other("a PATCH client has no pair"));
+            }
             Protocol::Redis => {
                 let load = resp(&["SCRIPT", "LOAD", REDIS_RELEASE]);
                 let sha = match redis_exchange(&mut conn, &load, &mut buf).await? {
@@ -274,7 +298,7 @@ impl Pair {
             Pair::Http {
                 acquire,
                 release: r,
-            } => exchange(conn, if release { r } else { acquire }, buf).await,
+            } => Ok(exchange(conn, if release { r } else { acquire }, buf).await?.0),
             Pair::Redis {
                 acquire,
                 release: r,
@@ -296,7 +320,44 @@ impl Pair {
     }
 }
 
+/// One PATCH client: its own item, each write checked against the ETag of
+/// the last answer (`ok` and `bad` counted as `post_ok`, `post_bad`).
+async fn patch_client(a: std::rc::Rc<Args>, id: usize, until: Instant) -> std::io::Result<Tally> {
+    const BODY: &str = r#"{"title":"bench"}"#;
+    let mut conn = TcpStream::connect(&a.addr).await?;
+    conn.set_nodelay(true)?;
+    let mut buf = Vec::with_capacity(8192);
+    let mut t = Tally::default();
+    let mut etag: Option<String> = None;
+    while Instant::now() < until {
+        let if_match = etag
+            .as_deref()
+            .map(|e| format!("If-Match: {e}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "PATCH /items/{id} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n{if_match}\r\n{BODY}",
+            a.addr,
+            BODY.len()
+        );
+        let start = Instant::now();
+        let (status, tag) = exchange(&mut conn, request.as_bytes(), &mut buf).await?;
+        t.latencies.push(start.elapsed().as_micros() as u32);
+        etag = tag;
+        if status == 200 {
+            t.post_ok += 1;
+        } else {
+            t.post_bad += 1;
+            *t.statuses.entry(status).or_default() += 1;
+        }
+    }
+    Ok(t)
+}
+
 async fn client(a: std::rc::Rc<Args>, id: usize, until: Instant) -> std::io::Result<Tally> {
+    if a.protocol == Protocol::Patch {
+        return patch_client(a, id, until).await;
+    }
     let (pair, mut conn, mut buf) = Pair::open(&a, id).await?;
     let mut t = Tally::default();
     while Instant::now() < until {
@@ -393,9 +454,16 @@ fn main() -> std::process::ExitCode {
             .collect::<Vec<_>>()
             .join(",")
     };
-    println!(
-        "LOCKS pairs={} post_ok={} post_bad={} del_ok={} del_bad={} statuses={statuses} seconds={seconds:.2} p99_ms={p99:.3}",
-        all.pairs, all.post_ok, all.post_bad, all.del_ok, all.del_bad
-    );
+    if a.protocol == Protocol::Patch {
+        println!(
+            "PATCHES ok={} bad={} statuses={statuses} seconds={seconds:.2} p99_ms={p99:.3}",
+            all.post_ok, all.post_bad
+        );
+    } else {
+        println!(
+            "LOCKS pairs={} post_ok={} post_bad={} del_ok={} del_bad={} statuses={statuses} seconds={seconds:.2} p99_ms={p99:.3}",
+            all.pairs, all.post_ok, all.post_bad, all.del_ok, all.del_bad
+        );
+    }
     std::process::ExitCode::SUCCESS
 }

@@ -1,4 +1,5 @@
--- wrk script: unchecked versioned writes through lockstep.
+-- wrk script: unchecked versioned writes through lockstep (benches/postgres.sh,
+-- benches/kernel.sh; benches/run.sh drives its PATCH rows with lock_load.rs).
 --
 -- Run with as many threads as connections (wrk -tN -cN): each thread then has
 -- exactly one connection and one key, so its writes go out strictly one after

@@ -25,7 +25,7 @@
 #                             round trip, which a lock user cannot do: its work goes
 #                             between acquire and release)
 #  8e as 7e, fsync always
-# Write rows (PATCH, one item per client, benches/patch_items.lua):
+# Write rows (PATCH, one item per client, benches/lock_load.rs --protocol patch):
 #   9 nginx reverse proxy     PATCH /items/<n> through nginx to the backend (no check)
 #  10 lockstep versioned PATCH PATCH /items/<n> with If-Match: the previous answer's
 #                             ETag (SQLite: claim, forward, commit, both durable)
@@ -389,16 +389,17 @@ measure_locks() { # measure_locks ROW ROUND ADDR PGID [lock_load args…]
     [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$row: $(kv "$line" statuses)")
 }
 
-# PATCH writes, one item per client (see patch_items.lua): through the nginx
-# proxy (no check) or lockstep (versioned, If-Match from the last answer).
-measure_patch() { # measure_patch ROW ROUND BASE-URL PGID-OF-THE-HOP IF_MATCH
-    local row=$1 r=$2 url=$3 group=$4 f line
+# PATCH writes, one item per client: benches/lock_load.rs --protocol patch,
+# one thread driving LOCK_CLIENTS connections (each sends the ETag of its
+# last answer as If-Match), through the nginx proxy (no ETag, so no check)
+# or lockstep (checked).
+measure_patch() { # measure_patch ROW ROUND ADDR PGID-OF-THE-HOP
+    local row=$1 r=$2 addr=$3 group=$4 f line
     peak_reset "$group"
-    PATCH_IF_MATCH=$5 CPU_GROUP=$group wrk_run "$row-$r" "$LOCK_CLIENTS" "$LOCK_CLIENTS" "$url" \
-        -s "$HERE/patch_items.lua" --timeout 10s
-    f=$TMP/wrk-$row-$r.txt
+    CPU_GROUP=$group lock_load_run "$row-$r" "$addr" "$LOCK_CLIENTS" --protocol patch
+    f=$TMP/lock-$row-$r.txt
     PEAK[$row:$r]=$(peak_kib "$group")
-    line=$(grep '^PATCHES ' "$f") || die "patch_items.lua printed no summary"
+    line=$(grep '^PATCHES ' "$f") || die "lock_load printed no PATCHES summary"
     CPU[$row:$r]=$(per_unit "$CPU_US" "$(kv "$line" ok)")
     BCPU[$row:$r]=$(per_unit "$BACKEND_US" "$(kv "$line" ok)")
     LCPU[$row:$r]=$(per_unit "$LOAD_US" "$(kv "$line" ok)")
@@ -406,7 +407,7 @@ measure_patch() { # measure_patch ROW ROUND BASE-URL PGID-OF-THE-HOP IF_MATCH
         'BEGIN {printf "%.1f", (s > 0 ? p / s : 0)}')
     P99[$row:$r]=$(kv "$line" p99_ms)
     FAILS[$row:$r]=$(kv "$line" bad)
-    SOCKERR[$row:$r]=$(wrk_sockerr "$f")
+    SOCKERR[$row:$r]=0
     [[ $(kv "$line" statuses) == none ]] || STATUSES+=("$row: $(kv "$line" statuses)")
 }
 
@@ -465,9 +466,9 @@ for ((round = 1; round <= ROUNDS; round++)); do
     measure_locks redis "$round" "127.0.0.1:$P_REDIS" "$REDIS_GROUP" --protocol redis
     measure_locks redisfsync "$round" "127.0.0.1:$P_REDIS_FSYNC" "$REDIS_FSYNC_GROUP" --protocol redis
     measure_sqlite "$round"
-    measure_patch nginxpatch "$round" "http://127.0.0.1:$P_PROXY" "$PROXY_GROUP" 0
+    measure_patch nginxpatch "$round" "127.0.0.1:$P_PROXY" "$PROXY_GROUP"
     restart_lockstep
-    measure_patch patch "$round" "http://127.0.0.1:$P_LOCKSTEP" "$LOCKSTEP_PID" 1
+    measure_patch patch "$round" "127.0.0.1:$P_LOCKSTEP" "$LOCKSTEP_PID"
 done
 
 # A row's figures are those of its median round by throughput (the lower
@@ -595,8 +596,8 @@ fi
 http_line() { # http_line N LABEL REQUEST ROW
     echo "| $1 | $2 | \`$3\` | $(num "${RPS[$4]}") | $(ms "${P99[$4]}") ms | ${CPU[$4]} µs | ${BCPU[$4]} µs | ${LCPU[$4]} µs | $(mib "${PEAK[$4]}") | ${FAILS[$4]} | ${SOCKERR[$4]} |"
 }
-http_head() { # http_head THROUGHPUT-LABEL
-    echo "| # | row | request | $1 | p99 latency | CPU per request | backend CPU per request | wrk CPU per request | peak RSS | non-2xx | socket errors |"
+http_head() { # http_head THROUGHPUT-LABEL [LOAD-GENERATOR]
+    echo "| # | row | request | $1 | p99 latency | CPU per request | backend CPU per request | ${2:-wrk} CPU per request | peak RSS | non-2xx | socket errors |"
     echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 }
 
@@ -704,10 +705,11 @@ mkdir -p "$(dirname "$OUT")"
     echo
     echo "## Writes: PATCH, one item per client"
     echo
-    echo "$LOCK_CLIENTS concurrent clients (wrk -t$LOCK_CLIENTS -c$LOCK_CLIENTS + \`benches/patch_items.lua\`), each PATCHing its own" \
-        "\`/items/<n>\` with \`{\"title\":\"bench\"}\`, ${DURATION} s after a ${WARMUP} s warm-up; the backend answers 200."
+    echo "$LOCK_CLIENTS concurrent clients (\`benches/lock_load.rs --protocol patch\`: one thread, a connection per client, as for the lock rows)," \
+        "each PATCHing its own \`/items/<n>\` with \`{\"title\":\"bench\"}\` and the ETag of its last answer as \`If-Match\`," \
+        "${DURATION} s after a ${WARMUP} s warm-up; the backend answers 200."
     echo
-    http_head writes/s
+    http_head writes/s lock_load
     http_line 9 "nginx reverse proxy → backend (no check)" "PATCH /items/<n>" nginxpatch
     http_line 10 "lockstep versioned PATCH, If-Match (SQLite)" "PATCH /items/<n>" patch
     echo
