@@ -298,7 +298,9 @@ impl Pair {
             Pair::Http {
                 acquire,
                 release: r,
-            } => Ok(exchange(conn, if release { r } else { acquire }, buf).await?.0),
+            } => Ok(exchange(conn, if release { r } else { acquire }, buf)
+                .await?
+                .0),
             Pair::Redis {
                 acquire,
                 release: r,
