@@ -1570,6 +1570,59 @@ mod tests {
         }
     }
 
+    /// A handler's limits with the hang-up watch on (half-close off).
+    const WATCHED: Limits = Limits {
+        watch_hangup: true,
+        ..LIMITS
+    };
+
+    /// The loop over `io` with `handler`, as a task.
+    fn serve_slow(
+        handler: &Slow,
+        mut io: tokio::io::DuplexStream,
+        limits: Limits,
+    ) -> tokio::task::JoinHandle<End> {
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let shutdown = CancellationToken::new();
+            serve(&mut io, &handler, "test", peer(), limits, &shutdown).await
+        })
+    }
+
+    /// A loop with a fresh [`Slow`] handler that has read `GET /slow`.
+    async fn slow_request_sent(
+        limits: Limits,
+    ) -> (Slow, tokio::io::DuplexStream, tokio::task::JoinHandle<End>) {
+        let handler = slow();
+        let (mut client, server) = duplex(1024);
+        client
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let served = serve_slow(&handler, server, limits);
+        (handler, client, served)
+    }
+
+    /// Lets `/slow` finish; the client then reads its answer, then the one
+    /// to `/next`, and the loop ends.
+    async fn answered_in_order<R: AsyncRead + Unpin>(
+        handler: &Slow,
+        mut reader: R,
+        served: tokio::task::JoinHandle<End>,
+    ) {
+        handler.release.notify_one();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut got))
+            .await
+            .expect("the server did not close")
+            .unwrap();
+        assert!(matches!(served.await.unwrap(), End::Closed));
+        let got = String::from_utf8(got).unwrap();
+        let slow_at = got.find("\r\n\r\nslow").expect("no answer to /slow");
+        let quick_at = got.find("\r\n\r\nquick").expect("no answer to /next");
+        assert!(slow_at < quick_at, "{got}");
+    }
+
     fn slow() -> Slow {
         Slow {
             release: Arc::new(tokio::sync::Notify::new()),
@@ -1580,24 +1633,8 @@ mod tests {
     #[tokio::test]
     async fn a_client_gone_while_its_request_is_handled_ends_it_where_watched() {
         use std::sync::atomic::Ordering;
-        let watched = Limits {
-            watch_hangup: true,
-            ..LIMITS
-        };
         // Watched: the client's close drops the handler, nothing is written.
-        let handler = slow();
-        let (mut client, mut server) = duplex(1024);
-        client
-            .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let served = tokio::spawn({
-            let handler = handler.clone();
-            async move {
-                let shutdown = CancellationToken::new();
-                serve(&mut server, &handler, "test", peer(), watched, &shutdown).await
-            }
-        });
+        let (handler, client, served) = slow_request_sent(WATCHED).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!served.is_finished(), "the request is still being handled");
         drop(client);
@@ -1612,19 +1649,7 @@ mod tests {
         );
 
         // Not watched (half-close on): the handler runs on after the close.
-        let handler = slow();
-        let (mut client, mut server) = duplex(1024);
-        client
-            .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let served = tokio::spawn({
-            let handler = handler.clone();
-            async move {
-                let shutdown = CancellationToken::new();
-                serve(&mut server, &handler, "test", peer(), LIMITS, &shutdown).await
-            }
-        });
+        let (handler, client, served) = slow_request_sent(LIMITS).await;
         drop(client);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!served.is_finished() && !handler.dropped.load(Ordering::SeqCst));
@@ -1639,20 +1664,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_pipelines_and_then_half_closes_gets_every_answer() {
-        let watched = Limits {
-            watch_hangup: true,
-            ..LIMITS
-        };
         let handler = slow();
-        let (client, mut server) = duplex(64 * 1024);
-        let (mut reader, mut writer) = tokio::io::split(client);
-        let served = tokio::spawn({
-            let handler = handler.clone();
-            async move {
-                let shutdown = CancellationToken::new();
-                serve(&mut server, &handler, "test", peer(), watched, &shutdown).await
-            }
-        });
+        let (client, server) = duplex(64 * 1024);
+        let (reader, mut writer) = tokio::io::split(client);
+        let served = serve_slow(&handler, server, WATCHED);
         writer
             .write_all(
                 b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /next HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -1663,34 +1678,14 @@ mod tests {
         writer.shutdown().await.unwrap();
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(!handler.dropped.load(std::sync::atomic::Ordering::SeqCst));
-        handler.release.notify_one();
-        let mut got = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut got))
-            .await
-            .expect("the server did not close")
-            .unwrap();
-        let got = String::from_utf8(got).unwrap();
-        let slow_at = got.find("\r\n\r\nslow").expect("no answer to /slow");
-        let quick_at = got.find("\r\n\r\nquick").expect("no answer to /next");
-        assert!(slow_at < quick_at, "{got}");
-        assert!(matches!(served.await.unwrap(), End::Closed));
+        answered_in_order(&handler, reader, served).await;
     }
 
     #[tokio::test]
     async fn a_request_pipelined_while_one_is_watched_is_answered_after_it() {
-        let watched = Limits {
-            watch_hangup: true,
-            ..LIMITS
-        };
         let handler = slow();
-        let (mut client, mut server) = duplex(64 * 1024);
-        let served = tokio::spawn({
-            let handler = handler.clone();
-            async move {
-                let shutdown = CancellationToken::new();
-                serve(&mut server, &handler, "test", peer(), watched, &shutdown).await
-            }
-        });
+        let (mut client, server) = duplex(64 * 1024);
+        let served = serve_slow(&handler, server, WATCHED);
         client
             .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -1702,17 +1697,7 @@ mod tests {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        handler.release.notify_one();
-        let mut got = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut got))
-            .await
-            .expect("the server did not close")
-            .unwrap();
-        let got = String::from_utf8(got).unwrap();
-        let slow_at = got.find("\r\n\r\nslow").expect("no answer to /slow");
-        let quick_at = got.find("\r\n\r\nquick").expect("no answer to /next");
-        assert!(slow_at < quick_at, "{got}");
-        assert!(matches!(served.await.unwrap(), End::Closed));
+        answered_in_order(&handler, client, served).await;
     }
 
     #[test]
