@@ -1566,3 +1566,31 @@ async fn a_head_answer_carries_one_valid_content_length() {
     answers[1].problem(502, "bad-gateway");
     assert_eq!(answers[2].status, 502, "{answers:?}");
 }
+
+/// An answer given before the request's body was read whole (here a 413
+/// from the declared length, with most of the body still to come) says
+/// that the connection closes, on both listeners, and then it closes: a
+/// client must not send its next request on it.
+#[tokio::test]
+async fn an_answer_that_leaves_the_body_unread_says_the_connection_closes() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::in_front_of(&backend);
+    // Over the lock API's 16 KiB, and over the proxy's 1 MiB default.
+    let cases = [
+        (lockstep.admin_addr(), "PATCH /locks/big", 17 * 1024),
+        (lockstep.proxy_addr(), "PUT /autos/big", 2 * 1024 * 1024),
+    ];
+    for (addr, request, length) in cases {
+        let mut conn = Conn::open(addr).await;
+        conn.send(format!(
+            "{request} HTTP/1.1\r\nHost: lockstep.test\r\nContent-Type: application/json\r\n\
+             Content-Length: {length}\r\n\r\n{}",
+            " ".repeat(1000)
+        ))
+        .await;
+        let answer = conn.answer("PATCH").await;
+        assert_eq!(answer.status, 413, "{request}: {answer:?}");
+        assert!(answer.says_close(), "{request}: {answer:?}");
+        conn.closed().await;
+    }
+}

@@ -21,6 +21,7 @@ pub mod unparsable;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -300,11 +301,20 @@ impl<H: Handler> Connection<H> {
         } = self;
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let handler = handler.clone();
-            let req = req.map(crate::body::boxed);
+            let (parts, body) = req.into_parts();
+            // A small body hyper drains itself, whether read or not.
+            let small = http_body::Body::size_hint(&body)
+                .exact()
+                .is_some_and(|n| n <= h1::MAX_BODY as u64);
+            let (body, ended) = EndSeen::wrap(body);
+            let req = Request::from_parts(parts, crate::body::boxed(body));
             async move {
                 // hyper writes header maps only.
                 let mut resp = answer(&*handler, name, req, peer).await;
                 relayed::materialize(&mut resp);
+                if !http2 && !small && !ended.load(Ordering::Acquire) {
+                    say_closing(&mut resp);
+                }
                 Ok::<_, Infallible>(resp)
             }
         });
@@ -345,6 +355,72 @@ where
             begin(conn.as_mut());
             conn.await
         }
+    }
+}
+
+/// A request body that records when it has been read to its end.
+///
+/// Why: when a handler answers without reading all of a request's body (a
+/// 413 from the declared length, a 4xx decided by the head), hyper's
+/// HTTP/1 server tries once to drain the rest and, if it has not all come
+/// yet, closes the connection after the answer without saying so; a client
+/// that reuses the connection meanwhile loses its next request. So an
+/// answer to a request whose body was large (over [`h1::MAX_BODY`]) or of
+/// unknown length, and not read to its end, says `Connection: close`. A
+/// small body has nearly always come whole with its head, and hyper drains
+/// it and keeps the connection.
+struct EndSeen {
+    inner: Incoming,
+    ended: Arc<AtomicBool>,
+}
+
+impl EndSeen {
+    fn wrap(inner: Incoming) -> (Self, Arc<AtomicBool>) {
+        let ended = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&inner)));
+        (
+            Self {
+                inner,
+                ended: ended.clone(),
+            },
+            ended,
+        )
+    }
+}
+
+impl http_body::Body for EndSeen {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None))
+            || http_body::Body::is_end_stream(&self.inner)
+        {
+            self.ended.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Marks an HTTP/1 answer as the connection's last (an upgrade's 101 keeps
+/// its own `Connection`).
+fn say_closing(resp: &mut Response<Body>) {
+    if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
     }
 }
 
