@@ -16,10 +16,10 @@
 //!
 //! Why hand over instead of doing everything: a body that is large,
 //! chunked, slow (not all in within [`BODY_GRACE`] of its head), or behind
-//! `Expect: 100-continue`, an upgrade,
-//! HTTP/1.0's keep-alive rules, h2c's preface, trailers a client asked for
-//! with `TE`, and every head hyper would refuse with its own 4xx keep one
-//! implementation each, hyper's, which `unparsable` already shapes. What
+//! `Expect: 100-continue`, an upgrade, HTTP/1.0's keep-alive rules, h2c's
+//! preface, trailers a client asked for with `TE`, and every head hyper
+//! would refuse with its own 4xx keep one implementation each, hyper's,
+//! which `unparsable` already shapes. What
 //! this loop serves, it serves as hyper would: the same parser and limits,
 //! and the answer framed by hyper's rules for a server (`Content-Length`
 //! or chunked from the body's size, none for `HEAD`, 204 and 304,
@@ -30,9 +30,9 @@
 //! keeps half-close off (the admin listener, whose lock acquires may wait),
 //! the loop reads on while the handler runs and nothing else of the
 //! client's is waiting, and a close drops the handler unanswered, as hyper
-//! does there. With half-close on (the proxy
-//! listener), like hyper with it on, it notices only when it writes the
-//! answer, which fails, and the connection ends.
+//! does there. With half-close on (the proxy listener), like hyper with it
+//! on, it notices only when it writes the answer, which fails, and the
+//! connection ends.
 
 use std::io::{self, IoSlice, Write as _};
 use std::mem::MaybeUninit;
