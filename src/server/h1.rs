@@ -19,12 +19,12 @@
 //! `Expect: 100-continue`, an upgrade, HTTP/1.0's keep-alive rules, h2c's
 //! preface, trailers a client asked for with `TE`, and every head hyper
 //! would refuse with its own 4xx keep one implementation each, hyper's,
-//! which `unparsable` already shapes. What
-//! this loop serves, it serves as hyper would: the same parser and limits,
-//! and the answer framed by hyper's rules for a server (`Content-Length`
-//! or chunked from the body's size, none for `HEAD`, 204 and 304,
-//! `Connection` merged into one line and `close` added when the connection
-//! ends after the answer), so a client cannot tell the two apart.
+//! which `unparsable` already shapes. What this loop serves, it serves as
+//! hyper would: the same parser and limits, and the answer framed by
+//! hyper's rules for a server (`Content-Length` or chunked from the body's
+//! size, none for `HEAD`, 204 and 304, `Connection` merged into one line
+//! and `close` added when the connection ends after the answer), so a
+//! client cannot tell the two apart.
 //!
 //! A client that leaves while its request is handled: where the listener
 //! keeps half-close off (the admin listener, whose lock acquires may wait),
