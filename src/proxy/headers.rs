@@ -133,6 +133,15 @@ pub fn lists(value: &[u8], token: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
+/// A header value that is a decimal number and nothing else (no sign, no
+/// spaces, no list), as a length must be (RFC 9110 §8.6).
+pub fn decimal(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`, the
 /// one that delimits a body (RFC 9112 §6.3).
 pub fn ends_in_chunked(value: &[u8]) -> bool {
@@ -355,6 +364,25 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn a_decimal_is_digits_only() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(decimal(b"007"), Some(7));
+        assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"+5",
+            b"-1",
+            b" 5",
+            b"5 ",
+            b"5,5",
+            b"0x5",
+            b"18446744073709551616",
+        ] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -228,10 +228,7 @@ impl Relayed {
         let mut length = None;
         for value in self.values(Kind::ContentLength) {
             for part in value.split(|b| *b == b',') {
-                let part = part.trim_ascii();
-                let n = (!part.is_empty() && part.iter().all(u8::is_ascii_digit))
-                    .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
-                    .flatten()
+                let n = super::headers::decimal(part.trim_ascii())
                     .ok_or("an invalid Content-Length")?;
                 if length.is_some_and(|l| l != n) {
                     return Err("two different Content-Length values");

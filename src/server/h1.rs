@@ -51,7 +51,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::Handler;
 use crate::body::{self, Body};
-use crate::proxy::headers::{ends_in_chunked, lists};
+use crate::proxy::headers::{decimal, ends_in_chunked, lists};
 use crate::proxy::relayed::Relayed;
 
 /// hyper's default: more headers than this are its to refuse.
@@ -435,10 +435,7 @@ fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize, max_body: u
 /// A `Content-Length` value of at most `max` as a number: digits only, as
 /// hyper reads a request's length (no sign, no list).
 fn small_length(value: &[u8], max: usize) -> Option<usize> {
-    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let n = std::str::from_utf8(value).ok()?.parse::<u64>().ok()?;
+    let n = decimal(value)?;
     usize::try_from(n).ok().filter(|&n| n <= max)
 }
 
@@ -694,10 +691,7 @@ fn encode_head(
                         continue;
                     }
                     BodyLength::Unknown => {
-                        let Some(n) = std::str::from_utf8(value.as_bytes())
-                            .ok()
-                            .and_then(|s| s.parse::<u64>().ok())
-                        else {
+                        let Some(n) = decimal(value.as_bytes()) else {
                             return Err(io::Error::other("an invalid Content-Length in an answer"));
                         };
                         match previous_length {
