@@ -35,6 +35,7 @@ use http_body::{Frame, SizeHint};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use super::headers::Forwarding;
 use super::relayed::{self, Kind, Line, Relayed};
 
 /// The most header lines an answer may carry (hyper's limit too).
@@ -108,12 +109,14 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// The head of `req` as it goes on the wire: origin-form target, HTTP/1.1.
-/// Header values cannot hold CR or LF (`HeaderValue` refuses them), so
-/// nothing in them can end the head early.
-pub fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
+/// The head of `req` as it goes on the wire: origin-form target, HTTP/1.1,
+/// its header lines with `forwarding`'s in place of the client's (see
+/// [`Forwarding::write_lines`]).
+pub fn encode_head<B>(req: &Request<B>, forwarding: Forwarding) -> Vec<u8> {
     let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    let mut size = req.method().as_str().len() + target.len() + 14;
+    // The forwarded lines: names, separators and an address, and room
+    // for a Host repeated.
+    let mut size = req.method().as_str().len() + target.len() + 14 + 112;
     for (name, value) in req.headers() {
         size += name.as_str().len() + value.len() + 4;
     }
@@ -122,12 +125,7 @@ pub fn encode_head<B>(req: &Request<B>) -> Vec<u8> {
     head.push(b' ');
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
-    }
+    forwarding.write_lines(req.headers(), &mut head);
     head.extend_from_slice(b"\r\n");
     head
 }
@@ -226,12 +224,12 @@ fn parse_head(
         // Where each name and value sits in the head: the lines are kept
         // as its bytes (see `relayed`).
         let base = buf.as_ptr() as usize;
-        let lines = resp
-            .headers
-            .iter()
-            .map(|h| Line::at(base, h.name.as_bytes(), h.value))
-            .collect::<Option<SmallVec<[Line; 12]>>>()
-            .ok_or_else(|| Failure::Invalid("an answer head out of bounds".into()))?;
+        let mut lines = SmallVec::<[Line; 12]>::with_capacity(resp.headers.len());
+        for h in resp.headers.iter() {
+            let line = Line::at(base, h.name.as_bytes(), h.value)
+                .ok_or_else(|| Failure::Invalid("an answer head out of bounds".into()))?;
+            lines.push(line);
+        }
         let head = Relayed::new(buf.split_to(len).freeze(), lines);
         let framing = framing(&head, status, to_head)?;
         let reusable = keeps_alive(&head, version) && !matches!(framing, Framing::Close);
@@ -633,7 +631,8 @@ mod tests {
             request: Vec::new(),
             frames: 0,
         };
-        match exchange(&mut conn, &encode_head(&req), to_head, 4096).await {
+        let forwarding = Forwarding::new(req.headers(), [192, 0, 2, 7].into(), "http");
+        match exchange(&mut conn, &encode_head(&req, forwarding), to_head, 4096).await {
             Err(f) => {
                 outcome.answer = Err(format!("{f:?}"));
                 drop(conn);
@@ -675,11 +674,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_head_goes_out_as_http_1_1_with_every_header() {
+    async fn the_head_goes_out_as_http_1_1_with_every_header_and_the_forwarded_ones() {
         let o = exchange_with(&[b"HTTP/1.1 204 No Content\r\n\r\n"], false, false).await;
         assert_eq!(
             String::from_utf8(o.request.clone()).unwrap(),
-            "GET /items/1?x=%2F HTTP/1.1\r\nhost: backend:3000\r\nx-many: a\r\nx-many: b\r\n\r\n"
+            "GET /items/1?x=%2F HTTP/1.1\r\nhost: backend:3000\r\nx-many: a\r\nx-many: b\r\n\
+             x-forwarded-for: 192.0.2.7\r\nx-forwarded-proto: http\r\n\
+             x-forwarded-host: backend:3000\r\n\r\n"
         );
         assert_eq!(status(&o), 204);
         assert!(o.recycled);

@@ -6,7 +6,7 @@
 //! tunnels (`upgrade.rs`): there `Connection: upgrade` and `Upgrade:
 //! websocket` are set again on both legs after the strip.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -173,51 +173,130 @@ pub fn drop_length_beside_transfer_encoding(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` (from `Host`, which the caller has set from the
-/// request's authority when it had one).
-pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &str) {
-    // Names checked once, at compile time (`from_static` at run time
-    // validates the name on every call).
-    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
-    const PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-    const HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-    let xff = XFF;
-    // Room for any one address: no regrowth in the common case.
-    let mut value = String::with_capacity(40);
-    for prior in headers.get_all(&xff).iter().filter_map(|v| v.to_str().ok()) {
-        value.push_str(prior);
-        value.push_str(", ");
+/// `X-Forwarded-For`, `-Proto` and `-Host`: names checked once, at compile
+/// time (`from_static` at run time validates the name on every call).
+const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// The `X-Forwarded-*` lines a forwarded request gets: the client appended
+/// to `X-Forwarded-For`, `X-Forwarded-Proto` set, and `X-Forwarded-Host`
+/// set from `Host` when the client sent one (or named its authority in the
+/// request line). Each replaces whatever the client sent under its name.
+///
+/// Why a value and not three map inserts at once: [`Upstream::prepare`]
+/// (`super::Upstream::prepare`) keeps it beside the request, and the
+/// writer of the request's head adds the lines. The lean path (`h1`: a
+/// `GET` or `HEAD` without a body, most proxied reads) writes them straight
+/// into the head it encodes, while it walks the headers anyway; the map's
+/// lookups, inserts and the value's allocations were the largest single
+/// item of a 2 KiB passthrough's user-space instructions (about 1.4k of
+/// 27k, `docs/performance.md`). hyper's client encodes a map, so the other
+/// paths [`apply`](Self::apply) it there.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarding {
+    client: IpAddr,
+    https: bool,
+    /// Whether `X-Forwarded-Host` is set: the client named a host.
+    host: bool,
+}
+
+impl Forwarding {
+    /// The lines for a request from `client` over `proto` whose `headers`
+    /// are as the client sent them, its authority already made its `Host`.
+    pub fn new(headers: &HeaderMap, client: IpAddr, proto: &str) -> Self {
+        Self {
+            client,
+            https: proto == "https",
+            host: headers.contains_key(header::HOST),
+        }
     }
-    push_ip(&mut value, client);
-    if let Ok(v) = HeaderValue::try_from(value) {
-        headers.insert(xff, v);
+
+    fn proto(self) -> HeaderValue {
+        HeaderValue::from_static(if self.https { "https" } else { "http" })
     }
-    headers.insert(
-        PROTO,
-        HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
-    );
-    if let Some(host) = headers.get(header::HOST).cloned() {
-        headers.insert(HOST, host);
+
+    /// Puts the lines into `headers`, for a writer that encodes the map.
+    pub fn apply(self, headers: &mut HeaderMap) {
+        let mut value = Vec::with_capacity(40);
+        for prior in headers.get_all(&XFF).iter().filter(|v| v.to_str().is_ok()) {
+            value.extend_from_slice(prior.as_bytes());
+            value.extend_from_slice(b", ");
+        }
+        push_ip(&mut value, self.client);
+        if let Ok(v) = HeaderValue::try_from(value) {
+            headers.insert(XFF, v);
+        }
+        headers.insert(XFP, self.proto());
+        if self.host {
+            if let Some(host) = headers.get(header::HOST).cloned() {
+                headers.insert(XFH, host);
+            }
+        }
     }
+
+    /// Writes `headers` as header lines (`name: value\r\n`) into `out`,
+    /// with the lines this sets in place of the client's: what
+    /// [`apply`](Self::apply) and then encoding the map would write, in one
+    /// walk over the map. Header values cannot hold CR or LF
+    /// (`HeaderValue` refuses them), so no line can end the head early.
+    pub fn write_lines(self, headers: &HeaderMap, out: &mut Vec<u8>) {
+        let mut prior: smallvec::SmallVec<[&HeaderValue; 2]> = smallvec::SmallVec::new();
+        let mut host = None;
+        for (name, value) in headers {
+            if *name == XFF {
+                // As `to_str` keeps them: visible ASCII only.
+                if value.to_str().is_ok() {
+                    prior.push(value);
+                }
+                continue;
+            }
+            if *name == XFP || (self.host && *name == XFH) {
+                continue;
+            }
+            if self.host && host.is_none() && *name == header::HOST {
+                host = Some(value);
+            }
+            line(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+        out.extend_from_slice(b"x-forwarded-for: ");
+        for value in prior {
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b", ");
+        }
+        push_ip(out, self.client);
+        out.extend_from_slice(b"\r\n");
+        line(out, b"x-forwarded-proto", self.proto().as_bytes());
+        if let Some(host) = host {
+            line(out, b"x-forwarded-host", host.as_bytes());
+        }
+    }
+}
+
+/// Appends `name: value\r\n` to `out`.
+fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes `ip` as `Display` does. IPv4, the common case, by hand: going
 /// through `fmt` cost more than the rest of the header work per request.
-fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    out.push(b'.');
                 }
                 if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
+                    out.push(b'0' + octet / 100);
                 }
                 if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
+                    out.push(b'0' + octet / 10 % 10);
                 }
-                out.push(char::from(b'0' + octet % 10));
+                out.push(b'0' + octet % 10);
             }
         }
         IpAddr::V6(_) => {
@@ -398,19 +477,69 @@ mod tests {
         assert_eq!(h["content-length"], "5");
     }
 
+    /// What the forwarded request's headers are: the lines applied to the
+    /// map, checked against the lines written straight into a head.
+    fn forward(h: &mut HeaderMap, client: IpAddr, proto: &str) {
+        let forwarding = Forwarding::new(h, client, proto);
+        let mut written = Vec::new();
+        forwarding.write_lines(h, &mut written);
+        forwarding.apply(h);
+        let mut encoded = Vec::new();
+        for (name, value) in h.iter() {
+            line(&mut encoded, name.as_str().as_bytes(), value.as_bytes());
+        }
+        assert_eq!(sorted_lines(&written), sorted_lines(&encoded));
+    }
+
+    fn sorted_lines(head: &[u8]) -> Vec<&[u8]> {
+        let mut lines: Vec<&[u8]> = head.split(|b| *b == b'\n').collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn the_client_s_own_forwarded_lines_are_replaced_and_its_host_kept() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-proto", "https".parse().unwrap());
+        h.append("x-forwarded-host", "evil.example".parse().unwrap());
+        h.append("x-forwarded-host", "evil2.example".parse().unwrap());
+        // Not visible ASCII (obs-text): left out, as `to_str` leaves it out.
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+        );
+        h.append("x-forwarded-for", "10.0.0.9".parse().unwrap());
+        h.insert("host", "api.example".parse().unwrap());
+        h.insert("accept", "*/*".parse().unwrap());
+        forward(&mut h, "192.0.2.7".parse().unwrap(), "http");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.9, 192.0.2.7");
+        assert_eq!(h.get_all("x-forwarded-proto").iter().count(), 1);
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h.get_all("x-forwarded-host").iter().count(), 1);
+        assert_eq!(h["x-forwarded-host"], "api.example");
+        assert_eq!(h["accept"], "*/*");
+        // No Host (HTTP/1.0): the client's X-Forwarded-Host stays as sent.
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-host", "a.example".parse().unwrap());
+        forward(&mut h, "2001:db8::7".parse().unwrap(), "https");
+        assert_eq!(h["x-forwarded-host"], "a.example");
+        assert_eq!(h["x-forwarded-for"], "2001:db8::7");
+        assert_eq!(h["x-forwarded-proto"], "https");
+    }
+
     #[test]
     fn forwarded_for_lists_every_prior_hop() {
         let mut h = HeaderMap::new();
         h.append("x-forwarded-for", "10.0.0.1".parse().unwrap());
         h.append("x-forwarded-for", "10.0.0.2, 10.0.0.3".parse().unwrap());
         h.insert("host", "api.example:8443".parse().unwrap());
-        add_forwarded(&mut h, "::1".parse().unwrap(), "https");
+        forward(&mut h, "::1".parse().unwrap(), "https");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 10.0.0.3, ::1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h["x-forwarded-host"], "api.example:8443");
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "192.0.2.7".parse().unwrap(), "http");
+        forward(&mut h, "192.0.2.7".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "192.0.2.7");
         assert!(!h.contains_key("x-forwarded-host"));
     }
@@ -428,9 +557,9 @@ mod tests {
             "::ffff:192.0.2.1",
         ] {
             let ip: IpAddr = ip.parse().unwrap();
-            let mut out = String::new();
+            let mut out = Vec::new();
             push_ip(&mut out, ip);
-            assert_eq!(out, ip.to_string());
+            assert_eq!(out, ip.to_string().as_bytes());
         }
     }
 
@@ -439,7 +568,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
         h.insert("host", "api.example".parse().unwrap());
-        add_forwarded(&mut h, "127.0.0.1".parse().unwrap(), "http");
+        forward(&mut h, "127.0.0.1".parse().unwrap(), "http");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "api.example");

@@ -157,6 +157,23 @@ where
     }
 }
 
+/// A request [`Upstream::prepare`] rewrote for the backend: the only kind
+/// the upstream sends, so none leaves without its `X-Forwarded-*` lines.
+pub struct Prepared {
+    pub req: Request<Body>,
+    forwarding: headers::Forwarding,
+}
+
+impl Prepared {
+    /// The request with its `X-Forwarded-*` lines in its header map, for a
+    /// client that encodes the map (hyper's).
+    fn into_forwarded(self) -> Request<Body> {
+        let mut req = self.req;
+        self.forwarding.apply(req.headers_mut());
+        req
+    }
+}
+
 /// Facts about the inbound request that forwarding needs.
 #[derive(Debug, Clone, Copy)]
 pub struct Inbound<'a> {
@@ -232,13 +249,15 @@ impl Upstream {
     }
 
     /// Rewrites `req` for the backend: its URI is `path_and_query` (origin
-    /// form), hop-by-hop headers are gone, `X-Forwarded-*` and `Host` set.
+    /// form), hop-by-hop headers are gone, `Host` set, and the
+    /// `X-Forwarded-*` lines to come decided (added when its head is
+    /// written: [`headers::Forwarding`]).
     pub fn prepare(
         &self,
-        req: &mut Request<Body>,
+        mut req: Request<Body>,
         path_and_query: PathAndQuery,
         inbound: Inbound<'_>,
-    ) {
+    ) -> Prepared {
         // The request's own authority (HTTP/2's, or an HTTP/1.1 request
         // in absolute form) wins over a `Host` header (RFC 9112 §3.2.2).
         let authority = req.uri().host().and_then(|host| {
@@ -255,19 +274,20 @@ impl Upstream {
         if let Some(authority) = authority {
             headers.insert(http::header::HOST, authority);
         }
-        headers::add_forwarded(headers, inbound.client_ip, inbound.proto);
+        let forwarding = headers::Forwarding::new(headers, inbound.client_ip, inbound.proto);
         if !headers.contains_key(http::header::HOST) {
             // HTTP/1.0 may not name its host.
             if let Some(host) = self.host.clone() {
                 headers.insert(http::header::HOST, host);
             }
         }
+        Prepared { req, forwarding }
     }
 
     /// Sends a prepared request and waits for the response head: at most
     /// the connect timeout for a connection, then at most the request
     /// timeout for the answer.
-    pub async fn send(&self, req: Request<Body>) -> Result<Response<PooledBody>, ForwardError> {
+    pub async fn send(&self, req: Prepared) -> Result<Response<PooledBody>, ForwardError> {
         self.send_by(req, None).await
     }
 
@@ -275,7 +295,7 @@ impl Upstream {
     /// hand by `not_after` (see [`pool::Pool::send`]).
     pub async fn send_by(
         &self,
-        req: Request<Body>,
+        req: Prepared,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
         let mut resp = self.forward(req, not_after).await?;
@@ -287,7 +307,7 @@ impl Upstream {
     /// the backend's bytes ([`relayed`]), less the hop-by-hop ones.
     async fn forward(
         &self,
-        req: Request<Body>,
+        req: Prepared,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
         let started = Instant::now();
@@ -328,8 +348,7 @@ impl Upstream {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let mut fwd = req;
-        self.prepare(&mut fwd, pq, inbound);
+        let fwd = self.prepare(req, pq, inbound);
         match self.forward(fwd, None).await {
             Ok(resp) => Ok(resp.map(crate::body::boxed)),
             Err(e) => {
@@ -379,6 +398,11 @@ mod tests {
             .header(http::header::HOST, addr.to_string())
             .body(crate::body::full("{}"))
             .unwrap();
+        let inbound = Inbound {
+            client_ip: [127, 0, 0, 1].into(),
+            proto: "http",
+        };
+        let req = upstream.prepare(req, PathAndQuery::from_static("/articles/1"), inbound);
         let past = Instant::now() - Duration::from_millis(1);
         match upstream.send_by(req, Some(past)).await {
             Err(ForwardError::NotSent(m)) => assert!(m.contains("not sent"), "{m}"),

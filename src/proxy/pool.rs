@@ -74,7 +74,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, Response, Uri};
+use http::{Method, Response, Uri};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -83,7 +83,7 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tower_service::Service;
 
-use super::{h1, Connector, ForwardError};
+use super::{h1, Connector, ForwardError, Prepared};
 use crate::body::{Body, BoxError};
 
 /// A connection's transport (TCP, or TLS over it) as tokio reads it; boxed
@@ -211,8 +211,13 @@ impl<C: Pooled> Idle<C> {
     /// Closed by the backend, or idle for `timeout` (or the backend's own
     /// keep-alive timeout less a margin, when shorter) or longer.
     fn is_spent(&self, now: Instant, timeout: Duration) -> bool {
+        self.is_spent_at(now.saturating_duration_since(self.since), timeout)
+    }
+
+    /// [`is_spent`](Self::is_spent) for a connection idle for `age`.
+    fn is_spent_at(&self, age: Duration, timeout: Duration) -> bool {
         let timeout = self.conn.keep_alive().map_or(timeout, |k| k.min(timeout));
-        self.conn.is_closed() || now.duration_since(self.since) >= timeout
+        self.conn.is_closed() || age >= timeout
     }
 }
 
@@ -329,13 +334,14 @@ impl Pool {
     /// hyper's client.
     pub async fn send(
         &self,
-        req: Request<Body>,
+        req: Prepared,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
         use http_body::Body as _;
-        if is_safe(req.method()) && req.body().is_end_stream() {
+        if is_safe(req.req.method()) && req.req.body().is_end_stream() {
             return self.send_lean(req, not_after).await;
         }
+        let req = req.into_forwarded();
         let max_idle_age = if is_safe(req.method()) {
             Duration::MAX
         } else {
@@ -392,10 +398,11 @@ impl Pool {
     /// before a whole answer head came (see the module docs).
     async fn send_lean(
         &self,
-        req: Request<Body>,
+        req: Prepared,
         not_after: Option<Instant>,
     ) -> Result<Response<PooledBody>, ForwardError> {
-        let head = h1::encode_head(&req);
+        let head = h1::encode_head(&req.req, req.forwarding);
+        let req = req.req;
         let to_head = req.method() == Method::HEAD;
         // After a repeat: a new connection, not another idle one (a backend
         // that restarted closed them all), and what is left of the first
@@ -430,12 +437,19 @@ impl Pool {
                     // The header lines stay bytes (see `relayed`). The
                     // answer's map starts as the request's, emptied: what
                     // lockstep adds goes in without an allocation, and the
-                    // server reads the next request's headers into it.
-                    let mut headers = req.into_parts().0.headers;
-                    headers.clear();
+                    // server reads the next request's headers into it. Its
+                    // extensions too, when the request's are an empty map
+                    // (the server loop's, kept from the last answer): the
+                    // lines go in without allocating a map.
+                    let mut parts = req.into_parts().0;
+                    parts.headers.clear();
+                    if !parts.extensions.is_empty() {
+                        parts.extensions = http::Extensions::new();
+                    }
                     let mut resp = Response::new(PooledBody::lean(body));
                     *resp.status_mut() = answer.status;
-                    *resp.headers_mut() = headers;
+                    *resp.headers_mut() = parts.headers;
+                    *resp.extensions_mut() = parts.extensions;
                     resp.extensions_mut().insert(answer.head);
                     return Ok(resp);
                 }
@@ -501,8 +515,9 @@ impl Pool {
     /// Timeouts and failures are classified as in [`Pool::send`].
     pub async fn send_dedicated(
         &self,
-        req: Request<Body>,
+        req: Prepared,
     ) -> Result<(Response<Incoming>, SendRequest<Body>), ForwardError> {
+        let req = req.into_forwarded();
         let io = Box::pin(self.open()).await?;
         let (mut sender, conn) = http1::handshake(io).await.map_err(|e| not_sent(e.into()))?;
         tokio::spawn(async move {
@@ -588,13 +603,14 @@ fn take_idle<C: Pooled>(
     while i > 0 {
         i -= 1;
         let entry = &idle[i];
-        if entry.is_spent(now, timeout) {
+        let age = now.saturating_duration_since(entry.since);
+        if entry.is_spent_at(age, timeout) {
             idle.remove(i);
-        } else if now.duration_since(entry.since) >= max_age {
+        } else if age >= max_age {
             // Newest last: every one before it has been idle longer.
             return None;
         } else if entry.conn.is_ready() {
-            let recent = now.duration_since(entry.since) < unchecked;
+            let recent = age < unchecked;
             let conn = idle.remove(i).conn;
             if recent || conn.socket_is_clean() {
                 return Some(conn);

@@ -198,12 +198,19 @@ impl Relayed {
         let coded = self.lines.iter().any(|l| l.kind == Kind::TransferEncoding);
         // The names `Connection` lists (`Connection: keep-alive`, what most
         // backends send, names none but a hop-by-hop one).
-        let listed: SmallVec<[&[u8]; 4]> = self
-            .values(Kind::Connection)
-            .flat_map(|v| v.split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive"))
-            .collect();
+        let names = || {
+            self.values(Kind::Connection)
+                .filter(|v| !v.eq_ignore_ascii_case(b"keep-alive"))
+                .flat_map(|v| v.split(|b| *b == b','))
+                .map(<[u8]>::trim_ascii)
+                .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive"))
+        };
+        if !coded && names().next().is_none() {
+            // The common case: only the hop-by-hop lines themselves go.
+            self.lines.retain(|l| !l.kind.is_hop());
+            return;
+        }
+        let listed: SmallVec<[&[u8]; 4]> = names().collect();
         let gone: SmallVec<[bool; 12]> = self
             .lines
             .iter()
@@ -227,6 +234,15 @@ impl Relayed {
     pub fn length(&self) -> Result<Option<u64>, &'static str> {
         let mut length = None;
         for value in self.values(Kind::ContentLength) {
+            // The common case, one number (httparse has trimmed the value's
+            // ends): no list to split.
+            if let Some(n) = super::headers::decimal(value) {
+                if length.is_some_and(|l| l != n) {
+                    return Err("two different Content-Length values");
+                }
+                length = Some(n);
+                continue;
+            }
             for part in value.split(|b| *b == b',') {
                 let n = super::headers::decimal(part.trim_ascii())
                     .ok_or("an invalid Content-Length")?;

@@ -160,9 +160,8 @@ impl Upstream {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let mut fwd = req;
-        self.prepare(&mut fwd, pq, inbound);
-        headers::keep_websocket_upgrade(fwd.headers_mut());
+        let mut fwd = self.prepare(req, pq, inbound);
+        headers::keep_websocket_upgrade(fwd.req.headers_mut());
 
         let started = std::time::Instant::now();
         let (mut resp, sender) = match self.pool.send_dedicated(fwd).await {

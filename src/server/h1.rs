@@ -117,9 +117,7 @@ where
 {
     let mut buf = BytesMut::with_capacity(READ_SIZE);
     let mut out = Vec::with_capacity(1024);
-    // The last answer's header map, emptied: the next request's headers
-    // go into its allocation (as hyper does).
-    let mut spare = HeaderMap::new();
+    let mut spare = Spare::default();
     let mut fresh = true;
     let mut timer = HeadTimer::new(limits.header_read_timeout);
     let drain = shutdown.cancelled();
@@ -152,7 +150,7 @@ where
         // A large answer's buffer is not kept by an idle connection.
         out.shrink_to(4 * 1024);
         match written {
-            Ok((true, headers)) => spare = headers,
+            Ok((true, emptied)) => spare = emptied,
             Ok((false, _)) => {
                 let _ = io.shutdown().await;
                 return End::Closed;
@@ -218,7 +216,7 @@ enum Head {
 async fn read_head<I>(
     io: &mut I,
     buf: &mut BytesMut,
-    spare: &mut HeaderMap,
+    spare: &mut Spare,
     limits: Limits,
     timer: &mut HeadTimer,
     mut drain: Pin<&mut WaitForCancellationFuture<'_>>,
@@ -335,7 +333,7 @@ enum Parsed {
 /// has one of at most `max_body` bytes, framed by one `Content-Length`
 /// (until all of it is in `buf`, the head stays there too); anything else
 /// stays, a head longer than `max_head` too (hyper refuses it with 431).
-fn parse(buf: &mut BytesMut, spare: &mut HeaderMap, max_head: usize, max_body: usize) -> Parsed {
+fn parse(buf: &mut BytesMut, spare: &mut Spare, max_head: usize, max_body: usize) -> Parsed {
     // Where each header's name and value lie in `buf`: the parse borrows
     // `buf`, the request is built once the head is split off it.
     let mut spans = [[0u32; 4]; MAX_HEADERS];
@@ -445,10 +443,10 @@ fn build(
     method: Method,
     path: std::ops::Range<usize>,
     spans: &[[u32; 4]],
-    spare: &mut HeaderMap,
+    spare: &mut Spare,
 ) -> Option<Request<Body>> {
     let uri = Uri::from_maybe_shared(head.slice(path)).ok()?;
-    let mut headers = std::mem::take(spare);
+    let mut headers = std::mem::take(&mut spare.headers);
     headers.reserve(spans.len());
     for &[n0, n1, v0, v1] in spans {
         let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize]).ok()?;
@@ -460,7 +458,32 @@ fn build(
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
+    *req.extensions_mut() = std::mem::take(&mut spare.extensions);
     Some(req)
+}
+
+/// The last answer's header map and extensions, emptied: the next
+/// request's headers go into the map's allocation (as hyper does), and
+/// its extensions are that map's, for the answer to come (the lean
+/// client puts the backend's header lines there: `proxy::pool`).
+#[derive(Default)]
+struct Spare {
+    headers: HeaderMap,
+    extensions: http::Extensions,
+}
+
+impl Spare {
+    fn of(mut parts: http::response::Parts) -> Self {
+        // `encode_head` drained the map.
+        if !parts.headers.is_empty() {
+            parts.headers.clear();
+        }
+        parts.extensions.clear();
+        Self {
+            headers: parts.headers,
+            extensions: parts.extensions,
+        }
+    }
 }
 
 /// How the answer's body is delimited on the wire.
@@ -487,7 +510,7 @@ async fn write_answer<I>(
     resp: Response<Body>,
     is_head: bool,
     keep_alive: bool,
-) -> io::Result<(bool, HeaderMap)>
+) -> io::Result<(bool, Spare)>
 where
     I: AsyncWrite + Unpin,
 {
@@ -514,7 +537,7 @@ where
     let mut remaining = match framing {
         Framing::Length(0) => {
             write_all_flush(io, out, &[]).await?;
-            return Ok((keep_alive, parts.headers));
+            return Ok((keep_alive, Spare::of(parts)));
         }
         Framing::Length(n) => n,
         Framing::Chunked => u64::MAX,
@@ -575,10 +598,10 @@ where
         // The body ended before its declared length: the client can only
         // tell by the connection closing (hyper does the same).
         write_all_flush(io, out, &[]).await?;
-        return Ok((false, parts.headers));
+        return Ok((false, Spare::of(parts)));
     }
     write_all_flush(io, out, &[]).await?;
-    Ok((keep_alive, parts.headers))
+    Ok((keep_alive, Spare::of(parts)))
 }
 
 /// The body's next frame if it has one ready now.
@@ -1255,7 +1278,7 @@ mod tests {
         );
         let mut buf = BytesMut::from(big.as_bytes());
         assert!(matches!(
-            parse(&mut buf, &mut HeaderMap::new(), 8192, 0),
+            parse(&mut buf, &mut Spare::default(), 8192, 0),
             Parsed::NotOurs
         ));
         assert_eq!(buf, big.as_bytes());
@@ -1367,7 +1390,7 @@ mod tests {
             "GET //double//slash HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
         ] {
             let mut buf = BytesMut::from(head.as_bytes());
-            let Parsed::Request(ours, _) = parse(&mut buf, &mut HeaderMap::new(), 8192, 0) else {
+            let Parsed::Request(ours, _) = parse(&mut buf, &mut Spare::default(), 8192, 0) else {
                 panic!("not served here: {head:?}");
             };
             assert!(buf.is_empty());
@@ -1403,7 +1426,7 @@ mod tests {
             let input = format!("{head}{rest}");
             let mut buf = BytesMut::from(input.as_bytes());
             let Parsed::Request(ours, keep_alive) =
-                parse(&mut buf, &mut HeaderMap::new(), 8192, 16)
+                parse(&mut buf, &mut Spare::default(), 8192, 16)
             else {
                 panic!("not served here: {input:?}");
             };
@@ -1439,7 +1462,7 @@ mod tests {
         // An empty body, by its length.
         let mut buf =
             BytesMut::from(&b"DELETE /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"[..]);
-        let Parsed::Request(ours, _) = parse(&mut buf, &mut HeaderMap::new(), 8192, 16) else {
+        let Parsed::Request(ours, _) = parse(&mut buf, &mut Spare::default(), 8192, 16) else {
             panic!("not served here");
         };
         assert!(buf.is_empty());
@@ -1467,7 +1490,7 @@ mod tests {
             let mut buf = BytesMut::from(input.as_bytes());
             assert!(
                 matches!(
-                    parse(&mut buf, &mut HeaderMap::new(), 8192, max_body),
+                    parse(&mut buf, &mut Spare::default(), 8192, max_body),
                     Parsed::NotOurs
                 ),
                 "{input:?}"
@@ -1486,7 +1509,7 @@ mod tests {
             let mut buf = BytesMut::from(input.as_bytes());
             assert!(
                 matches!(
-                    parse(&mut buf, &mut HeaderMap::new(), 8192, 16),
+                    parse(&mut buf, &mut Spare::default(), 8192, 16),
                     Parsed::BodyPending
                 ),
                 "{input:?}"

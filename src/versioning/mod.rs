@@ -68,7 +68,7 @@ use crate::body::{self, Body, Collected};
 use crate::error::{Error, Result};
 use crate::metrics::RequestKind;
 use crate::problem;
-use crate::proxy::{ForwardError, Inbound, PooledBody, Upstream};
+use crate::proxy::{ForwardError, Inbound, PooledBody, Prepared, Upstream};
 use crate::resources::{DriftPolicy, Fencing, ResourceMap, Route};
 use crate::store::wake::Topic;
 use crate::store::{Fence, Lease, Versions, Wakeups};
@@ -434,8 +434,9 @@ impl Versioning {
                 parts.method = Method::GET;
             }
         }
-        let mut fwd = Request::from_parts(parts, body);
-        self.upstream.prepare(&mut fwd, pq, inbound);
+        let fwd = self
+            .upstream
+            .prepare(Request::from_parts(parts, body), pq, inbound);
         let resp = self.upstream.send(fwd).await.map_err(|e| Failure {
             error: e.to_error(self.upstream.request_timeout()),
             known_version: version,
@@ -585,7 +586,7 @@ impl Versioning {
         fencing: &Fencing,
         pq: PathAndQuery,
         inbound: Inbound<'_>,
-    ) -> Result<(Expected, Option<Fence>, Request<Body>)> {
+    ) -> Result<(Expected, Option<Fence>, Prepared)> {
         let (mut parts, body) = req.into_parts();
         let fence = fence::presented(&parts.headers, fencing).inspect_err(|e| {
             if matches!(e, Error::LockRequired { .. }) {
@@ -626,8 +627,11 @@ impl Versioning {
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(forward_len));
-        let mut fwd = Request::from_parts(parts, body::pieces(forward_body));
-        self.upstream.prepare(&mut fwd, pq, inbound);
+        let fwd = self.upstream.prepare(
+            Request::from_parts(parts, body::pieces(forward_body)),
+            pq,
+            inbound,
+        );
         Ok((expected, fence, fwd))
     }
 
@@ -640,7 +644,7 @@ impl Versioning {
         expected: Expected,
         fence: Option<Fence>,
         drift: Option<Arc<DriftPolicy>>,
-        fwd: Request<Body>,
+        fwd: Prepared,
     ) -> Answer {
         let lease_id = lease_id::next();
         let (held, claimed_from) = self
@@ -804,7 +808,7 @@ impl Versioning {
     /// `precondition` left it.
     async fn forward(
         &self,
-        fwd: Request<Body>,
+        fwd: Prepared,
         not_after: Instant,
     ) -> std::result::Result<Response<PooledBody>, ForwardError> {
         self.upstream.send_by(fwd, Some(not_after)).await
@@ -975,8 +979,7 @@ impl Versioning {
                 return (None, Err(e.into()));
             }
         }
-        let mut fwd = req;
-        self.upstream.prepare(&mut fwd, pq, inbound);
+        let fwd = self.upstream.prepare(req, pq, inbound);
         let resp = match self.upstream.send(fwd).await {
             Ok(resp) => resp,
             Err(e) => {
