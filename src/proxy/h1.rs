@@ -631,7 +631,7 @@ mod tests {
             request: Vec::new(),
             frames: 0,
         };
-        let forwarding = Forwarding::new(req.headers(), [192, 0, 2, 7].into(), "http");
+        let forwarding = Forwarding::new([192, 0, 2, 7].into(), "http", true);
         match exchange(&mut conn, &encode_head(&req, forwarding), to_head, 4096).await {
             Err(f) => {
                 outcome.answer = Err(format!("{f:?}"));

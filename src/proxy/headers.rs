@@ -202,13 +202,14 @@ pub struct Forwarding {
 }
 
 impl Forwarding {
-    /// The lines for a request from `client` over `proto` whose `headers`
-    /// are as the client sent them, its authority already made its `Host`.
-    pub fn new(headers: &HeaderMap, client: IpAddr, proto: &str) -> Self {
+    /// The lines for a request from `client` over `proto`; `named_host`:
+    /// the client sent a `Host` (or named its authority in the request
+    /// line), which `X-Forwarded-Host` then repeats.
+    pub fn new(client: IpAddr, proto: &str, named_host: bool) -> Self {
         Self {
             client,
             https: proto == "https",
-            host: headers.contains_key(header::HOST),
+            host: named_host,
         }
     }
 
@@ -480,7 +481,7 @@ mod tests {
     /// What the forwarded request's headers are: the lines applied to the
     /// map, checked against the lines written straight into a head.
     fn forward(h: &mut HeaderMap, client: IpAddr, proto: &str) {
-        let forwarding = Forwarding::new(h, client, proto);
+        let forwarding = Forwarding::new(client, proto, h.contains_key(header::HOST));
         let mut written = Vec::new();
         forwarding.write_lines(h, &mut written);
         forwarding.apply(h);

@@ -274,8 +274,9 @@ impl Upstream {
         if let Some(authority) = authority {
             headers.insert(http::header::HOST, authority);
         }
-        let forwarding = headers::Forwarding::new(headers, inbound.client_ip, inbound.proto);
-        if !headers.contains_key(http::header::HOST) {
+        let named_host = headers.contains_key(http::header::HOST);
+        let forwarding = headers::Forwarding::new(inbound.client_ip, inbound.proto, named_host);
+        if !named_host {
             // HTTP/1.0 may not name its host.
             if let Some(host) = self.host.clone() {
                 headers.insert(http::header::HOST, host);
