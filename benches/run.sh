@@ -499,6 +499,17 @@ if ((ROUNDS > 1)); then
         per_round+="; "
     done
     note "Throughput of each round, in order: ${per_round%; }."
+    # paired ROW PEER: the ratio ROW / PEER of each round, then their median.
+    # A round measures the peer and lockstep one after the other, so the
+    # ratio within a round leaves out the host's drift between rounds,
+    # which the medians of the rows (the tables above) keep.
+    paired() {
+        local r list=() median
+        for ((r = 1; r <= ROUNDS; r++)); do list+=("$(ratio "$(num "${RPS[$1:$r]}")" "$(num "${RPS[$2:$r]}")")"); done
+        median=$(printf '%s\n' "${list[@]}" | grep -v n/a | sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]; else print "n/a"}')
+        echo "${list[*]} (median $median)"
+    }
+    note "Passthrough / nginx proxy paired by round, in order: 31 B $(paired passthrough nginx); 2 KiB $(paired passthrough2k nginx2k); 64 KiB $(paired passthrough64k nginx64k). A round measures nginx and lockstep one after the other, so its ratio leaves out the host's drift between rounds; the tables' ratios are of each row's median round."
 fi
 while read -r count msg; do
     note "SQLite direct: $count × $msg"
