@@ -213,7 +213,7 @@ pub struct HttpMetrics {
     /// its first request is counted, as with the family alone.
     ///
     /// Why: the family looks a series up under a lock by hashing its
-    /// labels (SipHash), about 350 instructions a request, over 1 % of a
+    /// labels (SipHash), about 380 instructions a request, over 1 % of a
     /// proxied read's (`docs/performance.md`); a series at hand is one
     /// atomic add.
     at_hand: Arc<[OnceLock<Counter>]>,
