@@ -303,11 +303,17 @@ async fn forwarded_headers_are_set_and_host_is_kept() {
 }
 
 #[tokio::test]
-async fn a_request_without_host_reaches_the_backend_with_the_backends_host() {
+async fn a_request_without_host_reaches_the_backend_with_the_backends_host_and_no_forwarded_host() {
     let backend = Backend::start();
     let lockstep = Lockstep::in_front_of(&backend);
-    // HTTP/1.0 allows a request without Host; the backend still gets one.
-    let raw = raw_http1(lockstep.proxy_addr(), "GET /echo HTTP/1.0\r\n\r\n").await;
+    // HTTP/1.0 allows a request without Host; the backend still gets one,
+    // and no X-Forwarded-Host: there was no host to forward, and the
+    // client's own is not passed on.
+    let raw = raw_http1(
+        lockstep.proxy_addr(),
+        "GET /echo HTTP/1.0\r\nX-Forwarded-Host: evil.example\r\n\r\n",
+    )
+    .await;
     assert!(
         raw.starts_with("HTTP/1.0 200") || raw.starts_with("HTTP/1.1 200"),
         "{raw}"
@@ -316,6 +322,10 @@ async fn a_request_without_host_reaches_the_backend_with_the_backends_host() {
     assert_eq!(
         report["headers"]["host"],
         json!([backend.addr().to_string()]),
+        "{report}"
+    );
+    assert!(
+        report["headers"].get("x-forwarded-host").is_none(),
         "{report}"
     );
 }

@@ -182,7 +182,10 @@ const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
 /// The `X-Forwarded-*` lines a forwarded request gets: the client appended
 /// to `X-Forwarded-For`, `X-Forwarded-Proto` set, and `X-Forwarded-Host`
 /// set from `Host` when the client sent one (or named its authority in the
-/// request line). Each replaces whatever the client sent under its name.
+/// request line). Each replaces whatever the client sent under its name;
+/// a request that named no host (HTTP/1.0 may not) has no
+/// `X-Forwarded-Host` at all, so a client cannot pass one of its choosing
+/// to a backend that builds links from it.
 ///
 /// Why a value and not three map inserts at once: [`Upstream::prepare`]
 /// (`super::Upstream::prepare`) keeps it beside the request, and the
@@ -229,9 +232,12 @@ impl Forwarding {
             headers.insert(XFF, v);
         }
         headers.insert(XFP, self.proto());
-        if self.host {
-            if let Some(host) = headers.get(header::HOST).cloned() {
+        match headers.get(header::HOST).filter(|_| self.host).cloned() {
+            Some(host) => {
                 headers.insert(XFH, host);
+            }
+            None => {
+                headers.remove(XFH);
             }
         }
     }
@@ -252,7 +258,7 @@ impl Forwarding {
                 }
                 continue;
             }
-            if *name == XFP || (self.host && *name == XFH) {
+            if *name == XFP || *name == XFH {
                 continue;
             }
             if self.host && host.is_none() && *name == header::HOST {
@@ -499,7 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn the_client_s_own_forwarded_lines_are_replaced_and_its_host_kept() {
+    fn the_client_s_own_forwarded_lines_are_replaced_or_dropped() {
         let mut h = HeaderMap::new();
         h.append("x-forwarded-proto", "https".parse().unwrap());
         h.append("x-forwarded-host", "evil.example".parse().unwrap());
@@ -519,11 +525,11 @@ mod tests {
         assert_eq!(h.get_all("x-forwarded-host").iter().count(), 1);
         assert_eq!(h["x-forwarded-host"], "api.example");
         assert_eq!(h["accept"], "*/*");
-        // No Host (HTTP/1.0): the client's X-Forwarded-Host stays as sent.
+        // No Host (HTTP/1.0): no X-Forwarded-Host, the client's dropped.
         let mut h = HeaderMap::new();
         h.append("x-forwarded-host", "a.example".parse().unwrap());
         forward(&mut h, "2001:db8::7".parse().unwrap(), "https");
-        assert_eq!(h["x-forwarded-host"], "a.example");
+        assert!(!h.contains_key("x-forwarded-host"), "{h:?}");
         assert_eq!(h["x-forwarded-for"], "2001:db8::7");
         assert_eq!(h["x-forwarded-proto"], "https");
     }
