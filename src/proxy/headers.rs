@@ -216,8 +216,12 @@ impl Forwarding {
         }
     }
 
-    fn proto(self) -> HeaderValue {
-        HeaderValue::from_static(if self.https { "https" } else { "http" })
+    fn proto(self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// Puts the lines into `headers`, for a writer that encodes the map.
@@ -231,7 +235,7 @@ impl Forwarding {
         if let Ok(v) = HeaderValue::try_from(value) {
             headers.insert(XFF, v);
         }
-        headers.insert(XFP, self.proto());
+        headers.insert(XFP, HeaderValue::from_static(self.proto()));
         match headers.get(header::HOST).filter(|_| self.host).cloned() {
             Some(host) => {
                 headers.insert(XFH, host);

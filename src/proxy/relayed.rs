@@ -233,23 +233,25 @@ impl Relayed {
     /// or in several) that differ (RFC 9110 §8.6).
     pub fn length(&self) -> Result<Option<u64>, &'static str> {
         let mut length = None;
-        for value in self.values(Kind::ContentLength) {
-            // The common case, one number (httparse has trimmed the value's
-            // ends): no list to split.
-            if let Some(n) = super::headers::decimal(value) {
-                if length.is_some_and(|l| l != n) {
-                    return Err("two different Content-Length values");
-                }
+        let mut note = |n: u64| match length {
+            Some(l) if l != n => Err("two different Content-Length values"),
+            _ => {
                 length = Some(n);
+                Ok(())
+            }
+        };
+        for value in self.values(Kind::ContentLength) {
+            // The common case, one number: no list to split (a list, or a
+            // number with spaces around it, is read part by part below).
+            if let Some(n) = super::headers::decimal(value) {
+                note(n)?;
                 continue;
             }
             for part in value.split(|b| *b == b',') {
-                let n = super::headers::decimal(part.trim_ascii())
-                    .ok_or("an invalid Content-Length")?;
-                if length.is_some_and(|l| l != n) {
-                    return Err("two different Content-Length values");
-                }
-                length = Some(n);
+                note(
+                    super::headers::decimal(part.trim_ascii())
+                        .ok_or("an invalid Content-Length")?,
+                )?;
             }
         }
         Ok(length)
