@@ -421,6 +421,13 @@ impl Config {
                 self.upstream.url
             ));
         }
+        if self.server.idle_timeout_ms == 0 {
+            return invalid(
+                "server.idle_timeout_ms must be > 0: it is the HTTP/2 ping interval's double and \
+                 how long a client may take no bytes of an answer"
+                    .into(),
+            );
+        }
         if self.upstream.connect_timeout_ms == 0 || self.upstream.request_timeout_ms == 0 {
             return invalid(
                 "upstream.connect_timeout_ms and upstream.request_timeout_ms must be > 0".into(),
@@ -1142,6 +1149,10 @@ mod tests {
             ),
             ("[versioning]\nconflict_status = 400\n", "conflict_status"),
             ("[server]\nlisten = \"nope\"\n", "server.listen"),
+            (
+                "[server]\nidle_timeout_ms = 0\n",
+                "server.idle_timeout_ms must be > 0",
+            ),
             ("[upstream]\nurl = \"ftp://x\"\n", "upstream.url"),
             ("[upstream]\nurl = \"http://x/base\"\n", "path"),
             ("[database]\nurl = \"mysql://x\"\n", "database.url"),

@@ -1594,3 +1594,100 @@ async fn an_answer_that_leaves_the_body_unread_says_the_connection_closes() {
         conn.closed().await;
     }
 }
+
+/// Everything the connection still delivers, read as fast as it comes
+/// until the end (a close or a reset), at most `STEP` per read.
+async fn rest_of(stream: &mut TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
+            Ok(Ok(0)) => return got,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) if e.kind() == ErrorKind::ConnectionReset => return got,
+            Ok(Err(e)) => panic!("reading: {e}"),
+            Err(_) => panic!(
+                "the connection stayed open {STEP:?} after {} bytes",
+                got.len()
+            ),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_and_a_slow_reader_is_not() {
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("idle_timeout_ms = 1000")
+        .start();
+    let addr = lockstep.proxy_addr();
+    // Far more than the socket buffers between lockstep and the client
+    // hold: a client that reads nothing stalls lockstep's writes.
+    const STALLED: usize = 256 << 20;
+    // The slow reader's answer: several times what a full buffer holds, so
+    // the reader's pauses stall lockstep's writes too.
+    const SLOW: usize = 24 << 20;
+    // The plain GET is lockstep's own loop's; `TE` hands it to hyper's.
+    for (server, extra) in [("h1 loop", ""), ("hyper", "TE: trailers\r\n")] {
+        let stalled = async {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let request = format!(
+                "GET /bytes/{STALLED} HTTP/1.1\r\nHost: lockstep.test\r\n{extra}\
+                 Connection: close\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).await.unwrap();
+            // Nothing read for longer than the timeout.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            let got = rest_of(&mut stream).await;
+            assert!(
+                got.starts_with(b"HTTP/1.1 200"),
+                "{server}: {:?}",
+                &got[..got.len().min(200)]
+            );
+            assert!(
+                got.len() < STALLED,
+                "{server}: {} bytes arrived: the stalled answer was never cut",
+                got.len()
+            );
+        };
+        let slow = async {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let request = format!(
+                "GET /bytes/{SLOW} HTTP/1.1\r\nHost: lockstep.test\r\n{extra}\
+                 Connection: close\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let started = Instant::now();
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                // A pause well within the timeout after each read: the
+                // download as a whole takes several times the timeout.
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
+                    Ok(Ok(0)) => break,
+                    Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                    other => panic!("{server}: slow reader after {} bytes: {other:?}", got.len()),
+                }
+            }
+            let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            assert!(got.starts_with(b"HTTP/1.1 200"), "{server}");
+            assert!(
+                got.ends_with(b"0\r\n\r\n"),
+                "{server}: the chunked answer was cut"
+            );
+            assert!(got.len() - head_end > SLOW, "{server}: {} bytes", got.len());
+            assert!(
+                started.elapsed() > Duration::from_millis(2000),
+                "{server}: the download took only {:?}, not long enough to test anything",
+                started.elapsed()
+            );
+        };
+        tokio::join!(stalled, slow);
+    }
+    // lockstep serves on.
+    let mut conn = Conn::open(addr).await;
+    conn.send(get("/echo/after")).await;
+    assert_echo(&conn.answer("GET").await, "GET", "/echo/after", "");
+}

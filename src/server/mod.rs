@@ -12,10 +12,12 @@
 //!
 //! The TLS handshake runs in the connection's own task, bounded by the
 //! header read timeout, so a client that stalls mid-handshake holds one
-//! connection slot and never the accept loop.
+//! connection slot and never the accept loop. A client that stops reading
+//! what is written to it is cut by [`send_timeout`].
 
 pub mod h1;
 pub mod router;
+pub mod send_timeout;
 pub mod unparsable;
 
 use std::convert::Infallible;
@@ -158,6 +160,8 @@ pub async fn serve<H: Handler>(
             limits,
             shutdown: shutdown.clone(),
         };
+        // Under TLS too: a stalled client stalls the TLS layer's writes.
+        let stream = send_timeout::SendTimeout::new(stream, settings.limits.idle_timeout);
         let tls = settings.tls.clone();
         let handshake_timeout = settings.limits.header_read_timeout;
         connections.spawn(async move {
