@@ -762,3 +762,126 @@ async fn time_spent_connecting_does_not_count_against_the_request_timeout() {
     assert!(unknown.is_empty(), "unknown outcomes counted: {unknown:?}");
     relay_task.abort();
 }
+
+/// A connection whose reads can be held back, as a client whose program
+/// stops reading: while held, a read waits (its waker kept for the
+/// release).
+struct Holdable<I> {
+    io: I,
+    hold: Hold,
+}
+
+#[derive(Clone, Default)]
+struct Hold(Arc<std::sync::Mutex<(bool, Option<std::task::Waker>)>>);
+
+impl Hold {
+    fn set(&self, held: bool) {
+        let mut state = self.0.lock().unwrap();
+        state.0 = held;
+        if !held {
+            if let Some(waker) = state.1.take() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Holdable<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        {
+            let mut state = self.hold.0.lock().unwrap();
+            if state.0 {
+                state.1 = Some(cx.waker().clone());
+                return std::task::Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Holdable<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn an_http2_client_over_tls_that_stops_reading_its_socket_is_closed() {
+    const BIG: usize = 256 << 20;
+    let pki = Pki::new();
+    let (cert, key, _) = pki.issue("lockstep");
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml(&format!(
+            "cert_file = {}\nkey_file = {}\nidle_timeout_ms = 1000",
+            toml_path(&cert),
+            toml_path(&key)
+        ))
+        .start();
+    let stream = connect(lockstep.proxy_addr(), pki.roots(), &[b"h2"]).await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let hold = Hold::default();
+    let io = Holdable {
+        io: stream,
+        hold: hold.clone(),
+    };
+    // Windows far larger than the answer's first seconds: what stops
+    // lockstep is the socket, not HTTP/2's flow control.
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(1 << 30)
+        .initial_connection_window_size(1 << 30)
+        .handshake(TokioIo::new(io))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri(format!("https://127.0.0.1/bytes/{BIG}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    // The client stops reading for longer than the timeout, then reads on.
+    hold.set(true);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    hold.set(false);
+    let mut body = resp.into_body();
+    let mut got = 0usize;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => got += frame.data_ref().map_or(0, Bytes::len),
+                Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the answer neither ended nor broke off");
+    assert!(
+        got < BIG,
+        "all {got} bytes arrived: the stalled connection was never cut"
+    );
+}
