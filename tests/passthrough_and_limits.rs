@@ -1624,3 +1624,68 @@ async fn a_head_gets_lockstep_s_own_answers_without_a_body_over_http2_too() {
         "{raw}"
     );
 }
+
+#[tokio::test]
+async fn an_http2_stream_whose_window_the_client_keeps_shut_lets_go_of_the_backend() {
+    const BIG: usize = 256 << 20;
+    let backend = Backend::start();
+    let lockstep = Lockstep::builder()
+        .upstream(backend.url())
+        .server_toml("idle_timeout_ms = 1000")
+        .start();
+    let stream = tokio::net::TcpStream::connect(lockstep.proxy_addr())
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let before = backend.open_connections().await;
+    let req = Request::builder()
+        .uri(format!("http://{}/bytes/{BIG}", lockstep.proxy_addr()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let asked = Instant::now();
+    // The body is not read, so the stream's window stays shut once its
+    // first 64 KiB are in; the socket stays open and answers pings.
+    let during = backend.open_connections().await;
+    assert!(
+        during > before,
+        "{before} then {during} backend connections"
+    );
+    loop {
+        if backend.open_connections().await < during {
+            break;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the backend connection feeding the stalled stream is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "let go after only {:?}",
+        asked.elapsed()
+    );
+    // Read on: what was sent arrives, then the stream breaks off.
+    let mut body = resp.into_body();
+    let mut got = 0usize;
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the stream neither went on nor broke off");
+        match frame {
+            Some(Ok(frame)) => got += frame.data_ref().map_or(0, Bytes::len),
+            Some(Err(_)) => break,
+            None => panic!("the whole answer arrived ({got} bytes)"),
+        }
+    }
+    assert!(got < BIG, "{got} bytes");
+    // The connection serves on.
+    let (status, ..) = h2_request(lockstep.proxy_addr(), Method::GET, "/echo/after", &[], "").await;
+    assert_eq!(status, 200);
+}

@@ -158,6 +158,7 @@ pub async fn serve<H: Handler>(
             builder: builder.clone(),
             http1: http1.clone(),
             limits,
+            idle_timeout: settings.limits.idle_timeout,
             shutdown: shutdown.clone(),
         };
         // Under TLS too: a stalled client stalls the TLS layer's writes.
@@ -252,6 +253,8 @@ struct Connection<H> {
     builder: Arc<auto::Builder<TokioExecutor>>,
     http1: Arc<hyper::server::conn::http1::Builder>,
     limits: h1::Limits,
+    /// How long a client may take none of an answer (see [`send_timeout`]).
+    idle_timeout: Duration,
     shutdown: CancellationToken,
 }
 
@@ -300,6 +303,7 @@ impl<H: Handler> Connection<H> {
             handler,
             builder,
             http1,
+            idle_timeout,
             shutdown,
             ..
         } = self;
@@ -316,6 +320,11 @@ impl<H: Handler> Connection<H> {
                 // hyper writes header maps only.
                 let mut resp = answer(&*handler, name, req, peer).await;
                 relayed::materialize(&mut resp);
+                if http2 {
+                    // A stream's window the client keeps shut stalls no
+                    // write on the socket.
+                    resp = resp.map(|body| send_timeout::watch_stream(body, idle_timeout));
+                }
                 if !http2 && !small && !ended.load(Ordering::Acquire) {
                     say_closing(&mut resp);
                 }

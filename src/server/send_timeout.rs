@@ -2,8 +2,9 @@
 //! lockstep writes: a write (or flush) that makes no progress for the
 //! send timeout fails with `TimedOut`, and whichever server drives the
 //! connection ([`super::h1`]'s loop, hyper's HTTP/1 or HTTP/2, a WebSocket
-//! tunnel, TLS under any of them) closes it. Under HTTP/2 it sees the
-//! connection's socket, not a stream its flow-control window holds back.
+//! tunnel, TLS under any of them) closes it. Under HTTP/2 a client can
+//! also stall one stream alone, by keeping its flow-control window shut:
+//! [`watch_stream`] lets go of such a stream's answer.
 //!
 //! Why: without it, a client that asks for a large answer and never reads
 //! it holds its connection, the answer's buffers and the backend
@@ -24,11 +25,17 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body::Body as _;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+use crate::body::Body;
 
 /// `io` whose writes fail once one has waited `timeout` without progress.
 pub struct SendTimeout<I> {
@@ -132,6 +139,145 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for SendTimeout<I> {
     }
 }
 
+/// An HTTP/2 answer's body that lets go of what feeds it (the backend's
+/// connection, a buffered answer) once the client has kept the stream's
+/// flow-control window shut for `timeout`: the one stall [`SendTimeout`]
+/// cannot see, since the socket stays writable and hyper simply stops
+/// asking the body for more. The stream itself ends (a reset) when the
+/// client next opens its window, resets it, or the connection closes;
+/// until then it holds this small wrapper only.
+///
+/// What is timed is the time since the last frame went to hyper without
+/// hyper asking for the next one; a body waiting on a slow backend is
+/// asked, and not timed. A task per such answer watches the clock: HTTP/2
+/// answers with a body only.
+pub fn watch_stream(body: Body, timeout: Duration) -> Body {
+    if body.is_end_stream() {
+        return body;
+    }
+    let started = Instant::now();
+    let shared = Arc::new(Stream {
+        body: Mutex::new(Some(body)),
+        handed_at: AtomicU64::new(ASKED),
+        started,
+        timeout,
+    });
+    let (gone, body_gone) = tokio::sync::oneshot::channel();
+    tokio::spawn(watch(Arc::downgrade(&shared), body_gone));
+    crate::body::boxed(Watched {
+        stream: shared,
+        _gone: gone,
+    })
+}
+
+/// `Stream::handed_at` while hyper is asking for a frame.
+const ASKED: u64 = u64::MAX;
+
+struct Stream {
+    /// Taken (and dropped) when the stall runs out.
+    body: Mutex<Option<Body>>,
+    /// Milliseconds from `started` to when the last frame went to hyper,
+    /// or [`ASKED`].
+    handed_at: AtomicU64,
+    started: Instant,
+    timeout: Duration,
+}
+
+impl Stream {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+}
+
+/// Ends when the body is gone (`body_gone` closes), or when it has waited
+/// `timeout` for hyper to ask for the next frame (then it drops what fed
+/// the body).
+async fn watch(stream: Weak<Stream>, mut body_gone: tokio::sync::oneshot::Receiver<()>) {
+    let mut wait = match stream.upgrade() {
+        Some(s) => s.timeout,
+        None => return,
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = &mut body_gone => return,
+        }
+        let Some(s) = stream.upgrade() else {
+            return;
+        };
+        let handed_at = s.handed_at.load(Ordering::Acquire);
+        let timeout_ms = u64::try_from(s.timeout.as_millis()).unwrap_or(u64::MAX);
+        // hyper is asking (the body waits on its source): a whole timeout
+        // again; else what is left of this one.
+        let waited = match handed_at {
+            ASKED => 0,
+            at => s.now_ms().saturating_sub(at),
+        };
+        if waited < timeout_ms {
+            wait = Duration::from_millis(timeout_ms - waited);
+            continue;
+        }
+        let fed = s.body.lock().map(|mut b| b.take()).unwrap_or(None);
+        drop(fed);
+        tracing::debug!(
+            timeout_ms,
+            "an HTTP/2 client kept a stream's window shut: its answer is dropped"
+        );
+        return;
+    }
+}
+
+struct Watched {
+    stream: Arc<Stream>,
+    /// Dropped with the body: the watch ends then, not a timeout later.
+    _gone: tokio::sync::oneshot::Sender<()>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let stream = &self.stream;
+        stream.handed_at.store(ASKED, Ordering::Release);
+        let Ok(mut guard) = stream.body.lock() else {
+            return Poll::Ready(None);
+        };
+        let Some(body) = guard.as_mut() else {
+            return Poll::Ready(Some(Err(format!(
+                "the client kept the stream's window shut for {} ms (server.idle_timeout_ms)",
+                stream.timeout.as_millis()
+            )
+            .into())));
+        };
+        let polled = Pin::new(body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            stream.handed_at.store(stream.now_ms(), Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.stream
+            .body
+            .lock()
+            .map(|b| b.as_ref().is_some_and(http_body::Body::is_end_stream))
+            .unwrap_or(false)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.stream
+            .body
+            .lock()
+            .ok()
+            .and_then(|b| b.as_ref().map(http_body::Body::size_hint))
+            .unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -198,5 +344,83 @@ mod tests {
             let (written, ()) = tokio::join!(write, read);
             written.unwrap();
         }
+    }
+
+    /// A body of endless 1 KiB frames that says when it is dropped, and
+    /// that first waits `slow` for its source when asked.
+    struct Source {
+        dropped: Arc<std::sync::atomic::AtomicBool>,
+        slow: Option<Pin<Box<Sleep>>>,
+    }
+
+    impl http_body::Body for Source {
+        type Data = Bytes;
+        type Error = crate::body::BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            if let Some(slow) = &mut self.slow {
+                ready!(slow.as_mut().poll(cx));
+                self.slow = None;
+            }
+            Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                &[b'x'; 1024],
+            )))))
+        }
+    }
+
+    impl Drop for Source {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn source(slow: Option<Duration>) -> (Body, Arc<std::sync::atomic::AtomicBool>) {
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let body = crate::body::boxed(Source {
+            dropped: dropped.clone(),
+            slow: slow.map(|d| Box::pin(tokio::time::sleep(d))),
+        });
+        (body, dropped)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_not_asked_for_more_lets_go_of_its_source_after_the_timeout() {
+        use http_body_util::BodyExt;
+        let (body, dropped) = source(None);
+        let mut body = watch_stream(body, Duration::from_secs(60));
+        assert!(body.frame().await.unwrap().is_ok());
+        // Not asked again: as hyper with the stream's window shut.
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(!dropped.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(dropped.load(Ordering::SeqCst), "the source is still held");
+        // Asked again (the window opened): the stream ends with an error.
+        assert!(body.frame().await.unwrap().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_asked_for_more_is_never_cut_however_slow_its_source() {
+        use http_body_util::BodyExt;
+        let (body, dropped) = source(Some(Duration::from_secs(600)));
+        let mut body = watch_stream(body, Duration::from_secs(60));
+        // Ten timeouts waiting on the source, then frames as fast as asked
+        // for, each within the timeout of the last.
+        assert!(body.frame().await.unwrap().is_ok());
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            assert!(body.frame().await.unwrap().is_ok());
+        }
+        assert!(!dropped.load(Ordering::SeqCst));
+        let metrics = tokio::runtime::Handle::current().metrics();
+        assert_eq!(metrics.num_alive_tasks(), 1, "the watch");
+        drop(body);
+        assert!(dropped.load(Ordering::SeqCst));
+        // The watch ends with the body, not a timeout later.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert_eq!(metrics.num_alive_tasks(), 0);
     }
 }
