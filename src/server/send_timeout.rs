@@ -244,7 +244,8 @@ impl http_body::Body for Watched {
         let stream = &self.stream;
         stream.handed_at.store(ASKED, Ordering::Release);
         let Ok(mut guard) = stream.body.lock() else {
-            return Poll::Ready(None);
+            // Broken off, never ended as if whole.
+            return Poll::Ready(Some(Err("the answer's body was lost to a panic".into())));
         };
         let Some(body) = guard.as_mut() else {
             return Poll::Ready(Some(Err(format!(
