@@ -283,6 +283,9 @@ async fn forwarded_headers_are_set_and_host_is_kept() {
         .get(lockstep.proxy_url_for("/echo"))
         .header("host", "api.example:8443")
         .header("x-forwarded-for", "10.1.2.3")
+        // Another spelling of a set name: the same header to a CGI-style
+        // backend (PHP, FastCGI, WSGI), so it is dropped.
+        .header("x_forwarded_host", "evil.example")
         .send()
         .await;
     let report = resp.json();
@@ -300,6 +303,22 @@ async fn forwarded_headers_are_set_and_host_is_kept() {
         json!(["api.example:8443"]),
         "{report}"
     );
+    assert!(headers.get("x_forwarded_host").is_none(), "{report}");
+
+    // A write goes out through the other writer of the lines.
+    let resp = client
+        .post(lockstep.proxy_url_for("/echo"), json!({"a": 1}))
+        .header("X.Forwarded.Proto", "https")
+        .header("x_forwarded_for", "6.6.6.6")
+        .send()
+        .await;
+    let report = resp.json();
+    let headers = &report["headers"];
+    assert_eq!(headers["x-forwarded-proto"], json!(["http"]), "{report}");
+    assert_eq!(headers["x-forwarded-for"], json!(["127.0.0.1"]), "{report}");
+    for lookalike in ["x.forwarded.proto", "x_forwarded_for"] {
+        assert!(headers.get(lookalike).is_none(), "{lookalike}: {report}");
+    }
 }
 
 #[tokio::test]

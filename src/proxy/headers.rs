@@ -226,6 +226,16 @@ impl Forwarding {
 
     /// Puts the lines into `headers`, for a writer that encodes the map.
     pub fn apply(self, headers: &mut HeaderMap) {
+        // Another spelling of a name set below (`X_Forwarded_Host`) is
+        // the same header to a CGI-style backend: dropped.
+        let lookalikes: smallvec::SmallVec<[HeaderName; 2]> = headers
+            .keys()
+            .filter(|n| is_forwarded_name(n) && ![XFF, XFP, XFH].contains(n))
+            .cloned()
+            .collect();
+        for name in lookalikes {
+            headers.remove(name);
+        }
         let mut value = Vec::with_capacity(40);
         for prior in headers.get_all(&XFF).iter().filter(|v| v.to_str().is_ok()) {
             value.extend_from_slice(prior.as_bytes());
@@ -262,7 +272,9 @@ impl Forwarding {
                 }
                 continue;
             }
-            if *name == XFP || *name == XFH {
+            // `X-Forwarded-Proto`, `-Host`, and any other spelling of the
+            // three (as `apply` drops them).
+            if is_forwarded_name(name) {
                 continue;
             }
             if self.host && host.is_none() && *name == header::HOST {
@@ -282,6 +294,28 @@ impl Forwarding {
             line(out, b"x-forwarded-host", host.as_bytes());
         }
     }
+}
+
+/// Whether a header `name` is `canonical` as CGI-style servers read names:
+/// any character that is not a letter or digit stands for `-` (PHP,
+/// FastCGI and WSGI servers put `X_Forwarded_Host` and `X-Forwarded-Host`
+/// under one name).
+pub fn same_header_name(canonical: &str, name: &str) -> bool {
+    canonical.len() == name.len()
+        && canonical
+            .bytes()
+            .zip(name.bytes())
+            .all(|(c, n)| c == n.to_ascii_lowercase() || (c == b'-' && !n.is_ascii_alphanumeric()))
+}
+
+/// Whether `name` is, or reads as (see [`same_header_name`]), one of the
+/// `X-Forwarded-*` names lockstep sets. Told apart by length first: most
+/// names are none of the three lengths.
+fn is_forwarded_name(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    [XFF.as_str(), XFP.as_str(), XFH.as_str()]
+        .iter()
+        .any(|canonical| same_header_name(canonical, name))
 }
 
 /// Appends `name: value\r\n` to `out`.
@@ -520,9 +554,19 @@ mod tests {
             HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
         );
         h.append("x-forwarded-for", "10.0.0.9".parse().unwrap());
+        // Other spellings of the three, one name to a CGI-style backend.
+        h.append("x_forwarded_host", "evil3.example".parse().unwrap());
+        h.append("X.Forwarded.For", "6.6.6.6".parse().unwrap());
+        h.append("x_forwarded_proto", "https".parse().unwrap());
+        // Not a spelling of them: kept.
+        h.append("x-forwarded-port", "443".parse().unwrap());
         h.insert("host", "api.example".parse().unwrap());
         h.insert("accept", "*/*".parse().unwrap());
         forward(&mut h, "192.0.2.7".parse().unwrap(), "http");
+        for lookalike in ["x_forwarded_host", "x.forwarded.for", "x_forwarded_proto"] {
+            assert!(!h.contains_key(lookalike), "{lookalike}: {h:?}");
+        }
+        assert_eq!(h["x-forwarded-port"], "443");
         assert_eq!(h["x-forwarded-for"], "10.0.0.9, 192.0.2.7");
         assert_eq!(h.get_all("x-forwarded-proto").iter().count(), 1);
         assert_eq!(h["x-forwarded-proto"], "http");

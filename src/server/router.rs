@@ -165,7 +165,7 @@ impl ProxyRouter {
         for (name, value) in req.headers() {
             if !REWRITE_HEADERS
                 .iter()
-                .any(|r| same_header_name(r, name.as_str()))
+                .any(|r| headers::same_header_name(r, name.as_str()))
             {
                 continue;
             }
@@ -236,16 +236,6 @@ impl ProxyRouter {
 
 /// Headers some backends route by in place of the request's path.
 const REWRITE_HEADERS: [&str; 2] = ["x-original-url", "x-rewrite-url"];
-
-/// Whether a header `name` is `canonical` as CGI-style servers read names:
-/// any character that is not a letter or digit stands for `-`.
-fn same_header_name(canonical: &str, name: &str) -> bool {
-    canonical.len() == name.len()
-        && canonical
-            .bytes()
-            .zip(name.bytes())
-            .all(|(c, n)| c == n.to_ascii_lowercase() || (c == b'-' && !n.is_ascii_alphanumeric()))
-}
 
 /// Why a request target's form does not fit its method (RFC 9112 §3.2):
 /// the authority form (`host:port`) belongs to CONNECT alone, which never
